@@ -1,0 +1,96 @@
+"""The node's GPUs as discovered: plain, immutable data, no NVML handles.
+
+Discovery fills these from NVML and sysfs; devices, CDI and sharing read them.
+A GPU whose queries failed is still listed with ``error`` set, so one broken
+GPU degrades itself rather than hiding the others.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class MigPlacement:
+    start: int
+    size: int
+
+
+@dataclass(frozen=True)
+class MigProfile:
+    """A GPU-instance profile the GPU supports (with its default compute instance)."""
+
+    name: str
+    """NVIDIA's profile name, e.g. ``1g.10gb`` or ``1g.10gb+me``."""
+    gi_profile_id: int
+    ci_profile_id: int
+    slice_count: int
+    """Compute slices (the ``Ng`` in the name)."""
+    memory_bytes: int
+    multiprocessors: int
+    copy_engines: int
+    decoders: int
+    encoders: int
+    jpeg_engines: int
+    ofa_engines: int
+    placements: tuple[MigPlacement, ...] = ()
+
+
+@dataclass(frozen=True)
+class MigInstance:
+    """A MIG device that already exists (static MIG): one GI with one CI."""
+
+    uuid: str
+    profile: MigProfile
+    gi_id: int
+    ci_id: int
+    placement: MigPlacement
+    parent_uuid: str
+    parent_index: int
+    parent_minor: int
+    gi_cap_minor: int | None = None
+    """Minor of ``/dev/nvidia-caps/nvidia-cap<N>`` granting access to the GI."""
+    ci_cap_minor: int | None = None
+    """Minor of ``/dev/nvidia-caps/nvidia-cap<N>`` granting access to the CI."""
+
+
+@dataclass(frozen=True)
+class PciInfo:
+    bus_id: str
+    """Lower-case ``dddd:bb:dd.f`` (NVML's 8-digit domain normalised to 4)."""
+    pcie_root: str | None = None
+    """``pci<domain>:<bus>`` of the root complex, from the sysfs device path."""
+    numa_node: int | None = None
+    pcie_generation: int | None = None
+    pcie_link_width: int | None = None
+
+
+@dataclass(frozen=True)
+class Gpu:
+    index: int
+    minor: int
+    uuid: str
+    product_name: str
+    brand: str
+    architecture: str
+    cuda_compute_capability: tuple[int, int]
+    memory_bytes: int
+    multiprocessors: int
+    pci: PciInfo
+    mig_capable: bool = False
+    mig_enabled: bool = False
+    ecc_enabled: bool | None = None
+    compute_mode: str = "Default"
+    mig_profiles: tuple[MigProfile, ...] = ()
+    mig_instances: tuple[MigInstance, ...] = ()
+    error: str | None = None
+    """Set when some NVML/sysfs query failed; the GPU is listed but marked degraded."""
+
+
+@dataclass(frozen=True)
+class Inventory:
+    driver_version: str
+    """e.g. ``580.95.05``."""
+    cuda_driver_version: tuple[int, int]
+    """e.g. ``(13, 0)`` from ``nvmlSystemGetCudaDriverVersion``."""
+    gpus: tuple[Gpu, ...] = field(default_factory=tuple)
