@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Literal, Protocol, runtime_checkable
 
 from dra_driver.plugin.claims import Claim, ClaimRef
 from dra_driver.plugin.resources import Pool
@@ -54,3 +54,39 @@ class DeviceBackend(Protocol):
     def pool(self) -> Pool:
         """The devices this node publishes now."""
         ...
+
+
+HealthState = Literal["Healthy", "Unhealthy", "Unknown"]
+
+
+@dataclass(frozen=True)
+class DeviceHealth:
+    """Health of one published device, streamed to the kubelet (KEP-4680)."""
+
+    pool: str
+    device: str
+    health: HealthState
+    message: str = ""
+    """Shown in the pod status; the kubelet truncates beyond 1024 characters."""
+    timeout_s: int | None = None
+    """How long the kubelet trusts this entry; None uses the plugin's default."""
+
+
+@runtime_checkable
+class HealthReporter(Protocol):
+    """Optional backend ability; without it every published device is Healthy."""
+
+    def device_health(self) -> list[DeviceHealth]:
+        """Current health of the devices; cheap, called every health interval."""
+        ...
+
+
+@runtime_checkable
+class ParallelClaims(Protocol):
+    """Optional backend ability: ``prepare``/``unprepare`` of *different* claims may overlap.
+
+    Without it the plugin layer runs one backend call at a time. The same claim
+    is never handled twice at once either way.
+    """
+
+    supports_parallel_claims: bool

@@ -1,0 +1,295 @@
+"""Public entry point of the kubelet-plugin layer (stable API for drivers and the CLI).
+
+Usage::
+
+    settings = PluginSettings(driver_name="gpu.example.com", node_name=node)
+    plugin = KubeletPlugin(settings=settings, backend=my_backend, logger=log)
+    plugin.start()            # sockets up, registered, slices being published
+    ...
+    plugin.republish()        # after the backend's pool() changed
+    plugin.notify_health_changed()   # after device health changed (optional)
+    plugin.readiness()        # -> Readiness, for a /readyz endpoint
+    plugin.stop()             # restart/upgrade: slices stay for the next instance
+    plugin.stop(uninstall=True)      # clean uninstall: slices are deleted too
+
+What :meth:`KubeletPlugin.start` wires up (one composition root, no globals):
+a :class:`~dra_driver.plugin.kubeclient.KubeClient` (kubeconfig file or the
+in-cluster service account), one gRPC server that serves the registration
+service and DRA node service v1 + v1beta1 and health v1 + v1alpha1 on two
+sockets (see :mod:`dra_driver.plugin.sockets`), the
+:class:`~dra_driver.plugin.publishing.SlicePublisher` and the
+:class:`~dra_driver.plugin.cleanup.StaleClaimCleaner`.
+
+The backend implements :class:`~dra_driver.plugin.backend.DeviceBackend`;
+optionally :class:`~dra_driver.plugin.backend.HealthReporter` (else every
+published device is reported Healthy) and
+:class:`~dra_driver.plugin.backend.ParallelClaims`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from dra_driver.plugin._proto import pluginregistration_pb2_grpc
+from dra_driver.plugin.backend import DeviceBackend, DeviceHealth, HealthReporter
+from dra_driver.plugin.cleanup import StaleClaimCleaner
+from dra_driver.plugin.health import HealthHub, add_health_services
+from dra_driver.plugin.kubeclient import KubeClient, KubeConfig, load_in_cluster, load_kubeconfig
+from dra_driver.plugin.nodeservice import add_node_services
+from dra_driver.plugin.preparing import ClaimPreparer
+from dra_driver.plugin.publishing import PublishStatus, SlicePublisher
+from dra_driver.plugin.registration import (
+    RegistrationServicer,
+    RegistrationState,
+    supported_versions,
+)
+from dra_driver.plugin.sockets import (
+    FileLock,
+    SocketPaths,
+    remove_stale_socket,
+    secure_and_place,
+    socket_paths,
+    staging_dir,
+)
+
+
+@dataclass(frozen=True)
+class PluginSettings:
+    """Everything the plugin layer needs to know; built once by the CLI."""
+
+    driver_name: str
+    """DNS subdomain <= 63 chars, e.g. ``gpu.example.com``; names sockets and slices."""
+    node_name: str
+    """This node; also the pool name and the slices' ``spec.nodeName``."""
+    registry_dir: Path = Path("/var/lib/kubelet/plugins_registry")
+    """Where the kubelet's plugin watcher looks (``<kubelet root>/plugins_registry``)."""
+    plugins_dir: Path = Path("/var/lib/kubelet/plugins")
+    """Parent of our private ``<driver>/`` dir holding the DRA socket and lock file."""
+    rolling_update_uid: str | None = None
+    """Pod UID: enables UID-suffixed sockets and the cross-process file lock, so two
+    plugin pods can overlap during a DaemonSet surge update. None: plain names."""
+    socket_group: int | None = None
+    """Group ID for 0660 sockets; None keeps them 0600 (root only)."""
+    health_interval_s: float = 10.0
+    """Full device-health list is streamed at least this often (kubelet marks a device
+    Unknown after 30 s without refresh)."""
+    cleanup_interval_s: float = 600.0
+    """How often prepared claims are checked against the API server; also once at start."""
+    resync_interval_s: float = 30.0
+    """Slices are re-listed and repaired at least this often, besides watch events."""
+    kubeconfig: Path | None = None
+    """Kubeconfig file; None uses the in-cluster service account."""
+    serve_health: bool = True
+    """Serve and advertise the DRAResourceHealth services."""
+    serialize_claims: bool = False
+    """Force one backend call at a time even if the backend supports parallel claims."""
+    grpc_workers: int = 16
+    """gRPC handler threads; each open health stream holds one."""
+    api_timeout_s: float = 10.0
+    """Per-request API server timeout."""
+
+
+@dataclass(frozen=True)
+class Readiness:
+    """Snapshot for a health endpoint; ``ready`` is the overall verdict."""
+
+    serving: bool
+    registered: bool
+    registration_error: str
+    publish: PublishStatus = field(default_factory=PublishStatus)
+
+    @property
+    def ready(self) -> bool:
+        return (
+            self.serving
+            and self.registered
+            and self.publish.in_sync
+            and not self.publish.dropped_fields
+        )
+
+    @property
+    def problems(self) -> list[str]:
+        out = []
+        if not self.serving:
+            out.append("gRPC sockets are not serving")
+        if not self.registered:
+            out.append(f"not registered with the kubelet: {self.registration_error or 'pending'}")
+        if not self.publish.in_sync:
+            out.append(f"slices not published: {self.publish.last_error or 'pending'}")
+        if self.publish.dropped_fields:
+            out.append("API server dropped fields: " + ", ".join(self.publish.dropped_fields))
+        return out
+
+
+class KubeletPlugin:
+    def __init__(
+        self,
+        *,
+        settings: PluginSettings,
+        backend: DeviceBackend,
+        logger: logging.Logger,
+        environ: Mapping[str, str] | None = None,
+        kube_config: KubeConfig | None = None,
+    ) -> None:
+        """``environ`` is only read for in-cluster config; ``kube_config`` overrides both."""
+        self.settings = settings
+        self._backend = backend
+        self._log = logger
+        self._environ = dict(environ or {})
+        self._kube_config = kube_config
+        self.paths: SocketPaths = socket_paths(
+            driver=settings.driver_name,
+            registry_dir=settings.registry_dir,
+            plugins_dir=settings.plugins_dir,
+            rolling_update_uid=settings.rolling_update_uid,
+        )
+        self._registration = RegistrationState()
+        self._client: KubeClient | None = None
+        self._server: Any = None
+        self._preparer: ClaimPreparer | None = None
+        self._publisher: SlicePublisher | None = None
+        self._cleaner: StaleClaimCleaner | None = None
+        self._hub: HealthHub | None = None
+
+    # -- wiring ----------------------------------------------------------------
+
+    def _config(self) -> KubeConfig:
+        if self._kube_config is not None:
+            return self._kube_config
+        if self.settings.kubeconfig is not None:
+            return load_kubeconfig(self.settings.kubeconfig)
+        return load_in_cluster(self._environ)
+
+    def _device_health(self) -> list[DeviceHealth]:
+        if isinstance(self._backend, HealthReporter):
+            return self._backend.device_health()
+        pool = self.settings.node_name
+        return [DeviceHealth(pool, d.name, "Healthy") for d in self._backend.pool().devices]
+
+    def start(self) -> None:
+        """Serve, register and start publishing; raises if sockets cannot be set up."""
+        s = self.settings
+        client = self._client = KubeClient(self._config(), timeout_s=s.api_timeout_s)
+        self.paths.plugin_dir.mkdir(parents=True, exist_ok=True, mode=0o750)
+        s.registry_dir.mkdir(parents=True, exist_ok=True)
+        for path in (self.paths.registration, self.paths.dra):
+            if remove_stale_socket(path):
+                self._log.info("removed stale socket %s", path)
+
+        self._preparer = ClaimPreparer(
+            driver_name=s.driver_name,
+            backend=self._backend,
+            get_claim=client.get_resource_claim,
+            lock_file=FileLock(self.paths.lock) if s.rolling_update_uid else None,
+            logger=self._log,
+            parallel=False if s.serialize_claims else None,
+        )
+        self._hub = HealthHub(
+            source=self._device_health, interval_s=s.health_interval_s, logger=self._log
+        )
+        server = grpc.server(
+            ThreadPoolExecutor(max_workers=s.grpc_workers, thread_name_prefix="grpc")
+        )
+        add_node_services(server, self._preparer)
+        if s.serve_health:
+            add_health_services(server, self._hub)
+        pluginregistration_pb2_grpc.add_RegistrationServicer_to_server(
+            RegistrationServicer(
+                driver_name=s.driver_name,
+                endpoint=str(self.paths.dra),
+                versions=supported_versions(health=s.serve_health),
+                state=self._registration,
+                logger=self._log,
+            ),
+            server,
+        )
+        # Bind both sockets in private staging dirs, then move them into place:
+        # the DRA socket first, so the kubelet never finds a registration socket
+        # whose endpoint does not exist yet.
+        with staging_dir(self.paths.plugin_dir) as dra_tmp, staging_dir(s.registry_dir) as reg_tmp:
+            server.add_insecure_port(f"unix:{dra_tmp / 'dra.sock'}")
+            server.add_insecure_port(f"unix:{reg_tmp / 'reg.sock'}")
+            server.start()
+            self._server = server
+            secure_and_place(dra_tmp / "dra.sock", self.paths.dra, group=s.socket_group)
+            secure_and_place(reg_tmp / "reg.sock", self.paths.registration, group=s.socket_group)
+        self._log.info(
+            "serving DRA plugin %s: registration %s, endpoint %s",
+            s.driver_name,
+            self.paths.registration,
+            self.paths.dra,
+        )
+
+        self._publisher = SlicePublisher(
+            client=client,
+            driver_name=s.driver_name,
+            node_name=s.node_name,
+            pool_source=self._backend.pool,
+            logger=self._log,
+            resync_interval_s=s.resync_interval_s,
+        )
+        self._publisher.start()
+        self._cleaner = StaleClaimCleaner(
+            backend=self._backend,
+            get_claim=client.get_resource_claim,
+            preparer=self._preparer,
+            interval_s=s.cleanup_interval_s,
+            logger=self._log,
+        )
+        self._cleaner.start()
+
+    def stop(self, *, uninstall: bool = False, grace_s: float = 5.0) -> None:
+        """Deregister and stop. Slices are kept (the next instance takes them over)
+        unless ``uninstall`` is true."""
+        remove_stale_socket(self.paths.registration)  # deregisters from the kubelet
+        if self._cleaner is not None:
+            self._cleaner.stop()
+        if self._hub is not None:
+            self._hub.close()
+        if self._server is not None:
+            self._server.stop(grace_s).wait()
+            self._server = None
+        remove_stale_socket(self.paths.dra)
+        if self._publisher is not None:
+            self._publisher.stop()
+            if uninstall:
+                self._publisher.delete_all()
+        if self._preparer is not None:
+            self._preparer.close()
+        if self._client is not None:
+            self._client.close()
+        self._log.info("stopped DRA plugin %s (uninstall=%s)", self.settings.driver_name, uninstall)
+
+    def republish(self) -> None:
+        """The backend's pool changed: re-publish slices and refresh health now."""
+        if self._publisher is not None:
+            self._publisher.trigger()
+        self.notify_health_changed()
+
+    def notify_health_changed(self) -> None:
+        if self._hub is not None:
+            self._hub.notify_changed()
+
+    def readiness(self) -> Readiness:
+        status = self._registration.status
+        return Readiness(
+            serving=self._server is not None,
+            registered=bool(status and status.registered),
+            registration_error=status.error if status else "",
+            publish=self._publisher.status if self._publisher else PublishStatus(),
+        )
+
+    @property
+    def publisher(self) -> SlicePublisher | None:
+        return self._publisher
+
+    @property
+    def cleaner(self) -> StaleClaimCleaner | None:
+        return self._cleaner

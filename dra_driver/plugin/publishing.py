@@ -1,0 +1,368 @@
+"""Keeps this node's ResourceSlices in line with the backend's pool.
+
+Two named background threads:
+
+- ``slice-sync`` lists our slices (field selector ``spec.nodeName`` +
+  ``spec.driver``), diffs them against the desired split of the pool and
+  writes the difference: obsolete slices first (delete with UID and
+  resourceVersion preconditions), then updates, then creates. Runs at start,
+  on every trigger, and every ``resync_interval_s``; on API errors it retries
+  with exponential backoff.
+- ``slice-watch`` watches the same slices and triggers a sync whenever
+  somebody else touches them -- the kubelet deletes all slices of its node
+  when it starts and 30 s after losing the plugin, and they must come back.
+
+Generation rule (what the scheduler expects): when exactly one existing slice
+changes and none is added or removed, it is updated in place with the same
+generation; any other change bumps the generation and rewrites every slice,
+with ``resourceSliceCount`` = number of slices, so a half-written pool is
+never mistaken for a complete one.
+
+Every write is read back: a field we sent that the server did not store
+(its feature gate is off) is logged as an error and reported in
+:attr:`PublishStatus.dropped_fields` instead of being silently lost.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from dra_driver.plugin.kubeclient import (
+    ConflictError,
+    KubeApiError,
+    KubeClient,
+    KubeError,
+    Watch,
+)
+from dra_driver.plugin.resources import Pool
+from dra_driver.plugin.slices import (
+    SliceValidationError,
+    slice_index,
+    slice_name,
+    slice_object,
+    split_pool,
+    validate_names,
+    validate_pool,
+)
+
+Obj = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class PublishStatus:
+    in_sync: bool = False
+    generation: int = -1
+    slice_count: int = 0
+    last_error: str = ""
+    dropped_fields: tuple[str, ...] = ()
+
+
+def dropped_fields(sent: Any, stored: Any, path: str = "") -> set[str]:
+    """Paths (list indices shown as ``[]``) present in ``sent`` but absent in ``stored``."""
+    out: set[str] = set()
+    if isinstance(sent, dict) and isinstance(stored, dict):
+        for key, value in sent.items():
+            sub = f"{path}.{key}" if path else key
+            if key not in stored:
+                out.add(sub)
+            else:
+                out |= dropped_fields(value, stored[key], sub)
+    elif isinstance(sent, list) and isinstance(stored, list):
+        for a, b in zip(sent, stored, strict=False):
+            out |= dropped_fields(a, b, f"{path}[]")
+        if len(stored) < len(sent):
+            out.add(f"{path}[]")
+    return out
+
+
+def _fingerprint(obj: Any) -> str:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"))
+
+
+class SlicePublisher:
+    def __init__(
+        self,
+        *,
+        client: KubeClient,
+        driver_name: str,
+        node_name: str,
+        pool_source: Callable[[], Pool],
+        logger: logging.Logger,
+        resync_interval_s: float = 30.0,
+        backoff_initial_s: float = 0.5,
+        backoff_max_s: float = 30.0,
+        watch_timeout_s: int = 300,
+    ) -> None:
+        validate_names(driver_name, node_name)
+        self._client = client
+        self._driver = driver_name
+        self._node = node_name
+        self._pool_source = pool_source
+        self._log = logger
+        self._resync_s = resync_interval_s
+        self._backoff = (backoff_initial_s, backoff_max_s)
+        self._watch_timeout_s = watch_timeout_s
+        self._selector = f"spec.nodeName={node_name},spec.driver={driver_name}"
+        self._stop = threading.Event()
+        self._trigger = threading.Event()
+        self._lock = threading.Lock()
+        self._status = PublishStatus()
+        self._node_uid: str | None = None
+        self._generation = -1
+        # name -> (resourceVersion we wrote, fingerprint of what we meant to store)
+        self._written: dict[str, tuple[str, str]] = {}
+        self._watch: Watch | None = None
+        self._threads: list[threading.Thread] = []
+
+    # -- lifecycle ---------------------------------------------------------
+
+    def start(self) -> None:
+        self._trigger.set()
+        for name, target in (("slice-sync", self._sync_loop), ("slice-watch", self._watch_loop)):
+            t = threading.Thread(target=self._guard, args=(name, target), name=name, daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._trigger.set()
+        watch = self._watch
+        if watch is not None:
+            watch.close()
+        for t in self._threads:
+            t.join(timeout=10)
+        self._threads.clear()
+
+    def trigger(self) -> None:
+        """Re-read the pool and sync soon (call after the backend's pool changed)."""
+        self._trigger.set()
+
+    @property
+    def status(self) -> PublishStatus:
+        with self._lock:
+            return self._status
+
+    def _set_status(self, **changes: Any) -> None:
+        with self._lock:
+            self._status = PublishStatus(**{**self._status.__dict__, **changes})
+
+    def _guard(self, name: str, target: Callable[[], None]) -> None:
+        try:
+            target()
+        except Exception:
+            self._log.exception("background thread %s crashed", name)
+            self._set_status(in_sync=False, last_error=f"{name} crashed")
+            return
+        if not self._stop.is_set():
+            self._log.error("background thread %s ended unexpectedly", name)
+
+    # -- loops ---------------------------------------------------------------
+
+    def _sync_loop(self) -> None:
+        delay = self._backoff[0]
+        while not self._stop.is_set():
+            self._trigger.wait(timeout=self._resync_s)
+            if self._stop.is_set():
+                return
+            self._trigger.clear()
+            try:
+                self.sync_once()
+                delay = self._backoff[0]
+            except SliceValidationError as exc:
+                self._log.error("not publishing an invalid pool: %s", exc)
+                self._set_status(in_sync=False, last_error=str(exc))
+            except KubeError as exc:
+                self._log.warning("publishing slices failed, retrying in %.1fs: %s", delay, exc)
+                self._set_status(in_sync=False, last_error=str(exc))
+                if self._stop.wait(delay):
+                    return
+                delay = min(delay * 2, self._backoff[1])
+                self._trigger.set()
+
+    def _watch_loop(self) -> None:
+        delay = self._backoff[0]
+        while not self._stop.is_set():
+            try:
+                listed = self._client.list_resource_slices(self._selector)
+                rv = str(listed.get("metadata", {}).get("resourceVersion", ""))
+                self._watch = self._client.watch_resource_slices(
+                    self._selector, rv, timeout_s=self._watch_timeout_s
+                )
+                for kind, obj in self._watch:
+                    if self._stop.is_set():
+                        return
+                    if kind == "ERROR":
+                        break  # e.g. 410 Gone: relist
+                    if kind != "BOOKMARK" and not self._is_own_write(obj):
+                        self._log.info(
+                            "slice %s changed by someone else (%s); resyncing",
+                            obj.get("metadata", {}).get("name"),
+                            kind,
+                        )
+                        self._trigger.set()
+                delay = self._backoff[0]
+            except KubeError as exc:
+                if self._stop.is_set():
+                    return
+                self._log.warning("watching slices failed, retrying in %.1fs: %s", delay, exc)
+                if self._stop.wait(delay):
+                    return
+                delay = min(delay * 2, self._backoff[1])
+            finally:
+                self._watch = None
+
+    def _is_own_write(self, obj: Obj) -> bool:
+        meta = obj.get("metadata", {})
+        written = self._written.get(str(meta.get("name")))
+        return written is not None and written[0] == meta.get("resourceVersion")
+
+    # -- one sync ------------------------------------------------------------
+
+    def _owner_uid(self) -> str:
+        if self._node_uid is None:
+            self._node_uid = str(self._client.get_node(self._node)["metadata"]["uid"])
+        return self._node_uid
+
+    def _up_to_date(self, have: Obj, want: Obj) -> bool:
+        meta = have.get("metadata", {})
+        fp = _fingerprint(want["spec"]) + _fingerprint(want["metadata"]["ownerReferences"])
+        written = self._written.get(str(meta.get("name")))
+        if written is not None and written == (meta.get("resourceVersion"), fp):
+            return True
+        spec = have.get("spec", {})
+        return (
+            spec.get("pool") == want["spec"]["pool"]
+            and spec.get("nodeName") == self._node
+            and content_to_api_view(spec) == content_to_api_view(want["spec"])
+            and meta.get("ownerReferences") == want["metadata"]["ownerReferences"]
+        )
+
+    def sync_once(self) -> None:
+        """One full reconcile; raises SliceValidationError or KubeError."""
+        pool = self._pool_source()
+        validate_pool(pool)
+        contents = split_pool(pool)
+        n = len(contents)
+        uid = self._owner_uid()
+        items: list[Obj] = self._client.list_resource_slices(self._selector).get("items") or []
+
+        existing: dict[int, Obj] = {}
+        obsolete: list[Obj] = []
+        for s in items:
+            name = str(s["metadata"]["name"])
+            idx = slice_index(name)
+            if (
+                idx is None
+                or idx >= n
+                or idx in existing
+                or name != slice_name(self._driver, self._node, idx)
+            ):
+                obsolete.append(s)
+            else:
+                existing[idx] = s
+        gens = {int(s["spec"]["pool"].get("generation", 0)) for s in items}
+        current = max(gens | {self._generation})
+
+        def desired(gen: int) -> list[Obj]:
+            return [
+                slice_object(
+                    driver=self._driver,
+                    node_name=self._node,
+                    node_uid=uid,
+                    index=i,
+                    generation=gen,
+                    count=n,
+                    content=c,
+                )
+                for i, c in enumerate(contents)
+            ]
+
+        want = desired(current)
+        stale = [i for i in existing if not self._up_to_date(existing[i], want[i])]
+        missing = [i for i in range(n) if i not in existing]
+        if not stale and not missing and not obsolete:
+            self._generation = current
+            self._set_status(in_sync=True, generation=current, slice_count=n, last_error="")
+            return
+        if not missing and not obsolete and len(stale) == 1 and gens == {current}:
+            to_update = stale
+        else:
+            current += 1
+            want = desired(current)
+            to_update = sorted(existing)
+        self._log.info(
+            "publishing pool generation %d in %d slice(s): %d update(s), %d create(s), "
+            "%d delete(s)",
+            current,
+            n,
+            len(to_update),
+            len(missing),
+            len(obsolete),
+        )
+        for s in obsolete:
+            meta = s["metadata"]
+            self._client.delete_resource_slice(
+                meta["name"], uid=meta.get("uid"), resource_version=meta.get("resourceVersion")
+            )
+        dropped: set[str] = set()
+        for i in to_update:
+            obj = want[i]
+            obj["metadata"]["resourceVersion"] = existing[i]["metadata"]["resourceVersion"]
+            dropped |= self._write(obj, create=False)
+        for i in missing:
+            dropped |= self._write(want[i], create=True)
+        self._generation = current
+        if dropped:
+            self._log.error(
+                "the API server dropped fields we published (feature gate off?): %s",
+                ", ".join(sorted(dropped)),
+            )
+        self._set_status(
+            in_sync=True,
+            generation=current,
+            slice_count=n,
+            last_error="",
+            dropped_fields=tuple(sorted(dropped)),
+        )
+
+    def _write(self, obj: Obj, *, create: bool) -> set[str]:
+        fp = _fingerprint(obj["spec"]) + _fingerprint(obj["metadata"]["ownerReferences"])
+        try:
+            if create:
+                stored = self._client.create_resource_slice(obj)
+            else:
+                stored = self._client.update_resource_slice(obj)
+        except ConflictError:
+            self._trigger.set()  # someone raced us; the next sync sees their version
+            raise
+        except KubeApiError as exc:
+            if exc.status == 422:
+                raise SliceValidationError(
+                    [f"API server rejected {obj['metadata']['name']}: {exc.message}"]
+                ) from exc
+            raise
+        meta = stored.get("metadata", {})
+        self._written[str(meta.get("name"))] = (str(meta.get("resourceVersion")), fp)
+        return {f"spec.{p}" for p in dropped_fields(obj["spec"], stored.get("spec", {}))}
+
+    def delete_all(self) -> int:
+        """Remove every slice of this node and driver (clean uninstall only)."""
+        items = self._client.list_resource_slices(self._selector).get("items") or []
+        for s in items:
+            meta = s["metadata"]
+            self._client.delete_resource_slice(meta["name"], uid=meta.get("uid"))
+        self._log.info("deleted %d slice(s) on uninstall", len(items))
+        return len(items)
+
+
+def content_to_api_view(spec: Obj) -> Obj:
+    """The content part of a spec, for comparing what is stored with what we want."""
+    return {k: spec[k] for k in ("devices", "sharedCounters") if spec.get(k)}
+
+
+__all__ = ["PublishStatus", "SlicePublisher", "dropped_fields"]
