@@ -1,0 +1,255 @@
+"""Host discovery of NVIDIA device nodes and driver files, turned into CDI edits.
+
+What a container needs to use a GPU, and why each piece is there:
+
+- ``/dev/nvidiactl`` (+ ``nvidia-uvm``, ``nvidia-uvm-tools``, ``nvidia-modeset``):
+  control nodes every CUDA process opens; spec-level edits because they are the
+  same for every device of the claim.
+- ``/dev/nvidia<minor>`` per full GPU; a MIG device gets its parent's node plus
+  the two capability nodes ``/dev/nvidia-caps/nvidia-cap<N>`` of its GPU and
+  compute instance. Without those caps the container cannot open the MIG
+  device; with only its own caps it sees exactly that MIG device.
+- Driver libraries (``*.so.<driver version>`` and their SONAME links, mounted
+  as files so no ldconfig hook is needed), tools and GSP firmware, read-only.
+
+Every device node is *fully specified* (type, major, minor, fileMode) from the
+host (majors from ``/proc/devices``), so a runtime creates it even where the
+host path is missing, and never has to stat it.
+
+Environment: only ``NVIDIA_VISIBLE_DEVICES=void`` at spec level. It stops the
+legacy nvidia-container-runtime hook from adding devices on top of ours. We
+deliberately set no ``CUDA_VISIBLE_DEVICES``: the container already sees only
+its device nodes (CUDA enumerates what it can open), and a second claim in
+the same container would otherwise overwrite the first claim's value.
+"""
+
+from __future__ import annotations
+
+import re
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+
+from dra_driver.gpu.cdi import CdiError, ContainerEdits, DeviceNode, Mount
+from dra_driver.gpu.hostpaths import HostPaths
+from dra_driver.gpu.inventory import Gpu, MigInstance
+
+LIB_DIRS = (
+    "usr/lib/x86_64-linux-gnu",
+    "usr/lib/aarch64-linux-gnu",
+    "usr/lib64",
+    "usr/lib",
+    "lib/x86_64-linux-gnu",
+    "lib64",
+)
+BINARIES = (
+    "nvidia-smi",
+    "nvidia-debugdump",
+    "nvidia-persistenced",
+    "nvidia-cuda-mps-control",
+    "nvidia-cuda-mps-server",
+)
+BIN_DIRS = ("usr/bin", "usr/local/bin", "bin")
+RO_MOUNT = ("ro", "nosuid", "nodev", "rbind", "rprivate")
+DEFAULT_NODE_MODE = 0o666
+DEFAULT_CAP_MODE = 0o444
+
+_MODE_LINE = re.compile(r"^DeviceFileMode:\s*(\d+)\s*$", re.MULTILINE)
+_MINOR_LINE = re.compile(r"^DeviceFileMinor:\s*(\d+)\s*$", re.MULTILINE)
+
+
+def read_majors(host: HostPaths) -> dict[str, int]:
+    """Character-device majors by driver name from ``/proc/devices``."""
+    path = host.proc("devices")
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise CdiError(f"read {path}: {exc.strerror}") from exc
+    majors: dict[str, int] = {}
+    in_char = False
+    for line in text.splitlines():
+        if line.startswith("Character devices"):
+            in_char = True
+            continue
+        if line.startswith("Block devices"):
+            in_char = False
+            continue
+        parts = line.split()
+        if in_char and len(parts) == 2 and parts[0].isdigit():
+            majors.setdefault(parts[1], int(parts[0]))
+    return majors
+
+
+@dataclass(frozen=True)
+class _CapInfo:
+    minor: int
+    mode: int
+
+
+class EditsBuilder:
+    """Builds container edits from one host view; the common part is computed once.
+
+    ``host`` is where this process reads the host; ``runtime_host`` is how the
+    container runtime on the node names the same places (they differ when the
+    plugin runs in a pod with the driver root mounted at ``/driver-root``).
+    """
+
+    def __init__(
+        self, *, host: HostPaths, driver_version: str, runtime_host: HostPaths | None = None
+    ) -> None:
+        self._host = host
+        self._view = runtime_host or host
+        self._version = driver_version
+        self._majors = read_majors(host)
+        self._common: ContainerEdits | None = None
+
+    def _nvidia_major(self) -> int:
+        for name in ("nvidia", "nvidia-frontend"):
+            if name in self._majors:
+                return self._majors[name]
+        raise CdiError(
+            f"{self._host.proc('devices')}: no 'nvidia' or 'nvidia-frontend' character device; "
+            "is the NVIDIA kernel module loaded?"
+        )
+
+    def _runtime_path(self, path: Path) -> str:
+        """Rewrite a path we read into the path the runtime must use."""
+        for ours, theirs in (
+            (self._host.driver_root, self._view.driver_root),
+            (self._host.root, self._view.root),
+        ):
+            try:
+                return str(theirs / path.relative_to(ours))
+            except ValueError:
+                continue
+        return str(path)
+
+    def _node(
+        self, name: str, major: int, minor: int, *, default_mode: int = DEFAULT_NODE_MODE
+    ) -> DeviceNode:
+        host_path = self._host.dev(name)
+        mode, gid = default_mode, None
+        try:
+            st = host_path.lstat()
+        except OSError:
+            pass
+        else:
+            mode = stat.S_IMODE(st.st_mode)
+            gid = st.st_gid or None
+        return DeviceNode(
+            path=f"/dev/{name}",
+            host_path=self._runtime_path(host_path),
+            type="c",
+            major=major,
+            minor=minor,
+            file_mode=mode,
+            permissions="rwm",
+            gid=gid,
+        )
+
+    def common(self) -> ContainerEdits:
+        """Spec-level edits shared by every device of every claim on this node."""
+        if self._common is None:
+            self._common = ContainerEdits(
+                env=("NVIDIA_VISIBLE_DEVICES=void",),
+                device_nodes=self._control_nodes(),
+                mounts=self._driver_mounts(),
+            )
+        return self._common
+
+    def _control_nodes(self) -> tuple[DeviceNode, ...]:
+        nvidia = self._nvidia_major()
+        nodes = [self._node("nvidiactl", nvidia, 255)]
+        if self._host.dev("nvidia-modeset").exists():
+            nodes.append(self._node("nvidia-modeset", nvidia, 254))
+        uvm = self._majors.get("nvidia-uvm")
+        if uvm is not None:
+            nodes.append(self._node("nvidia-uvm", uvm, 0))
+            nodes.append(self._node("nvidia-uvm-tools", uvm, 1))
+        return tuple(nodes)
+
+    def _driver_mounts(self) -> tuple[Mount, ...]:
+        root = self._host.driver_root
+        found: dict[str, Path] = {}
+        suffix = f".so.{self._version}"
+        for rel in LIB_DIRS:
+            for libdir in (root / rel, root / rel / "vdpau"):
+                if not libdir.is_dir() or libdir.is_symlink():
+                    continue
+                libs = {p.name for p in libdir.iterdir() if p.name.endswith(suffix)}
+                for entry in sorted(libdir.iterdir()):
+                    is_lib = entry.name in libs and entry.is_file()
+                    is_link = entry.is_symlink() and entry.readlink().name in libs
+                    if is_lib or is_link:
+                        found.setdefault(f"/{entry.relative_to(root)}", entry)
+        for rel in BIN_DIRS:
+            for name in BINARIES:
+                exe = root / rel / name
+                if exe.is_file() and f"/usr/bin/{name}" not in found:
+                    found[f"/usr/bin/{name}"] = exe
+        fw = root / "lib/firmware/nvidia" / self._version
+        if fw.is_dir():
+            for blob in sorted(fw.glob("gsp*.bin")):
+                found[f"/{blob.relative_to(root)}"] = blob
+        return tuple(
+            Mount(host_path=self._runtime_path(p), container_path=c, options=RO_MOUNT)
+            for c, p in sorted(found.items())
+        )
+
+    def gpu(self, gpu: Gpu) -> ContainerEdits:
+        """The GPU's own node, plus its DRI nodes when the host has them."""
+        nodes = [self._node(f"nvidia{gpu.minor}", self._nvidia_major(), gpu.minor)]
+        drm = self._host.sys("bus", "pci", "devices", gpu.pci.bus_id, "drm")
+        drm_major = self._majors.get("drm")
+        if drm_major is not None and drm.is_dir():
+            for entry in sorted(drm.iterdir()):
+                m = re.fullmatch(r"(card|renderD)(\d+)", entry.name)
+                if m:
+                    nodes.append(self._node(f"dri/{entry.name}", drm_major, int(m.group(2))))
+        return ContainerEdits(device_nodes=tuple(nodes))
+
+    def mig(self, mig: MigInstance) -> ContainerEdits:
+        """Parent node plus GI and CI capability nodes (fully specified)."""
+        caps_major = self._majors.get("nvidia-caps")
+        if caps_major is None:
+            raise CdiError(f"{self._host.proc('devices')}: no 'nvidia-caps' character device")
+        parent = self._node(f"nvidia{mig.parent_minor}", self._nvidia_major(), mig.parent_minor)
+        base = (
+            "driver",
+            "nvidia",
+            "capabilities",
+            f"gpu{mig.parent_minor}",
+            "mig",
+            f"gi{mig.gi_id}",
+        )
+        gi = self._cap(self._host.proc(*base, "access"), mig.gi_cap_minor)
+        ci = self._cap(self._host.proc(*base, f"ci{mig.ci_id}", "access"), mig.ci_cap_minor)
+        caps = tuple(
+            DeviceNode(
+                path=f"/dev/nvidia-caps/nvidia-cap{c.minor}",
+                host_path=self._runtime_path(self._host.dev("nvidia-caps", f"nvidia-cap{c.minor}")),
+                type="c",
+                major=caps_major,
+                minor=c.minor,
+                file_mode=c.mode,
+                permissions="rwm",
+            )
+            for c in (gi, ci)
+        )
+        return ContainerEdits(device_nodes=(parent, *caps))
+
+    def _cap(self, access: Path, known_minor: int | None) -> _CapInfo:
+        try:
+            text = access.read_text()
+        except OSError as exc:
+            if known_minor is None:
+                raise CdiError(f"read MIG capability {access}: {exc.strerror}") from exc
+            return _CapInfo(known_minor, DEFAULT_CAP_MODE)
+        minor = _MINOR_LINE.search(text)
+        mode = _MODE_LINE.search(text)
+        if minor is None and known_minor is None:
+            raise CdiError(f"{access}: no 'DeviceFileMinor:' line")
+        return _CapInfo(
+            known_minor if known_minor is not None else int(minor.group(1)),  # type: ignore[union-attr]
+            int(mode.group(1)) if mode else DEFAULT_CAP_MODE,
+        )

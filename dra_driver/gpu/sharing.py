@@ -1,0 +1,225 @@
+"""GPU sharing applied on the host: time-slicing through ``nvidia-smi`` and MPS
+control daemons, each with its exact undo.
+
+Time-slicing (full GPUs): ``nvidia-smi -i <uuid> -c DEFAULT`` then
+``nvidia-smi compute-policy -i <uuid> --set-timeslice <0..3>``; undone with
+timeslice 0 (Default). MIG devices are always time-sliced and take no setting.
+
+MPS: one control daemon per claim and config group, id
+``<claimUID>-<5 hex of sha256(uuids)>``, under ``<state_dir>/mps/<id>/`` with
+``pipe/`` (``CUDA_MPS_PIPE_DIRECTORY``, bind-mounted into the container at
+``/tmp/nvidia-mps``) and ``log/`` (``CUDA_MPS_LOG_DIRECTORY``, daemon only).
+Full GPUs are switched to ``EXCLUSIVE_PROCESS`` so only the MPS server can use
+them. Limits are daemon commands on stdin. The daemon is found again by its
+environment (``/proc/<pid>/environ`` naming our pipe dir), not by a stored
+PID, so a restarted plugin can stop a daemon it started before it crashed and
+can never signal an unrelated process that reused a PID.
+
+All tools run as argv lists (no shell), with a timeout.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dra_driver.gpu.cdi import ContainerEdits, Mount
+from dra_driver.gpu.config import MIB, ConfigError, Mps
+
+MPS_CONTAINER_PIPE = "/tmp/nvidia-mps"
+
+
+class ToolError(Exception):
+    """A GPU tool failed or timed out; the message has the command and its stderr."""
+
+
+@dataclass(frozen=True)
+class GpuTools:
+    """Where the GPU tools are and how to run them (CLI: ``--nvidia-smi`` etc.)."""
+
+    nvidia_smi: Path = Path("/usr/bin/nvidia-smi")
+    """Under the driver root on a GPU node; the emulated tool under emulation."""
+    mps_control: Path = Path("/usr/bin/nvidia-cuda-mps-control")
+    timeout_s: float = 30.0
+    """Per command; nvidia-smi can take seconds on a busy 8-GPU node."""
+    env: Mapping[str, str] = field(default_factory=dict)
+    """Extra environment, e.g. ``LD_LIBRARY_PATH`` to the driver root's libraries."""
+    proc: Path = Path("/proc")
+    """This machine's procfs, used to find MPS daemons (not the emulated host's)."""
+
+
+class GpuCommands:
+    def __init__(self, *, tools: GpuTools, logger: logging.Logger) -> None:
+        self._tools = tools
+        self._log = logger
+
+    def run(
+        self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, stdin: str = ""
+    ) -> str:
+        full_env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **self._tools.env}
+        full_env.update(env or {})
+        self._log.debug("running %s", argv)
+        try:
+            done = subprocess.run(
+                list(argv),
+                input=stdin,
+                capture_output=True,
+                text=True,
+                env=full_env,
+                timeout=self._tools.timeout_s,
+                check=False,
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise ToolError(f"{' '.join(argv)}: {exc}") from exc
+        if done.returncode != 0:
+            detail = (done.stderr or done.stdout).strip()
+            raise ToolError(f"{' '.join(argv)}: exit {done.returncode}: {detail}")
+        return done.stdout
+
+    def set_compute_mode(self, uuid: str, mode: str) -> None:
+        self.run([str(self._tools.nvidia_smi), "-i", uuid, "-c", mode])
+
+    def set_timeslice(self, uuid: str, value: int) -> None:
+        self.run(
+            [
+                str(self._tools.nvidia_smi),
+                "compute-policy",
+                "-i",
+                uuid,
+                "--set-timeslice",
+                str(value),
+            ]
+        )
+
+
+def mps_id(claim_uid: str, uuids: Sequence[str]) -> str:
+    digest = hashlib.sha256(",".join(uuids).encode()).hexdigest()[:5]
+    return f"{claim_uid}-{digest}"
+
+
+def pinned_limits(mps: Mps, uuids: Sequence[str], where: str) -> dict[str, int]:
+    """Per-device pinned memory limit in bytes; per-device keys are a UUID or an index."""
+    limits = {u: mps.pinned_memory_limit for u in uuids if mps.pinned_memory_limit is not None}
+    for key, value in mps.per_device_pinned_memory_limit.items():
+        if key in uuids:
+            limits[key] = value
+        elif key.isdigit() and int(key) < len(uuids):
+            limits[uuids[int(key)]] = value
+        else:
+            allowed = ", ".join([*uuids, *map(str, range(len(uuids)))])
+            raise ConfigError(
+                f"{where}: sharing.mpsConfig.defaultPerDevicePinnedMemoryLimit[{key}]: not a "
+                f"device of this claim; allowed keys: {allowed}"
+            )
+    return limits
+
+
+class MpsDaemons:
+    def __init__(self, *, root: Path, commands: GpuCommands, tools: GpuTools) -> None:
+        self._root = root
+        self._cmd = commands
+        self._tools = tools
+
+    def base(self, daemon_id: str) -> Path:
+        return self._root / daemon_id
+
+    def pipe_dir(self, daemon_id: str) -> Path:
+        return self.base(daemon_id) / "pipe"
+
+    def container_edits(self, daemon_id: str) -> ContainerEdits:
+        return ContainerEdits(
+            env=(f"CUDA_MPS_PIPE_DIRECTORY={MPS_CONTAINER_PIPE}",),
+            mounts=(
+                Mount(
+                    host_path=str(self.pipe_dir(daemon_id)),
+                    container_path=MPS_CONTAINER_PIPE,
+                    options=("rw", "nosuid", "nodev", "bind"),
+                ),
+            ),
+        )
+
+    def _env(self, daemon_id: str, uuids: Sequence[str]) -> dict[str, str]:
+        return {
+            "CUDA_MPS_PIPE_DIRECTORY": str(self.pipe_dir(daemon_id)),
+            "CUDA_MPS_LOG_DIRECTORY": str(self.base(daemon_id) / "log"),
+            "CUDA_VISIBLE_DEVICES": ",".join(uuids),
+        }
+
+    def make_dirs(self, daemon_id: str) -> None:
+        base = self.base(daemon_id)
+        for d in (base, base / "pipe", base / "log"):
+            d.mkdir(mode=0o755, parents=True, exist_ok=True)
+
+    def start(self, daemon_id: str, uuids: Sequence[str]) -> None:
+        if self.running(daemon_id):
+            self.stop(daemon_id)
+            self.make_dirs(daemon_id)
+        self._cmd.run([str(self._tools.mps_control), "-d"], env=self._env(daemon_id, uuids))
+
+    def set_limits(
+        self, daemon_id: str, uuids: Sequence[str], mps: Mps, limits: Mapping[str, int]
+    ) -> None:
+        lines = []
+        if mps.active_thread_percentage is not None:
+            lines.append(f"set_default_active_thread_percentage {mps.active_thread_percentage}")
+        for uuid, limit in limits.items():
+            lines.append(f"set_default_device_pinned_mem_limit {uuid} {limit // MIB}M")
+        if lines:
+            self._cmd.run(
+                [str(self._tools.mps_control)],
+                env=self._env(daemon_id, uuids),
+                stdin="".join(f"{line}\n" for line in lines),
+            )
+
+    def running(self, daemon_id: str) -> list[int]:
+        """PIDs of live MPS processes (control daemon, servers) using this pipe dir."""
+        marker = f"CUDA_MPS_PIPE_DIRECTORY={self.pipe_dir(daemon_id)}".encode()
+        pids = []
+        for entry in self._tools.proc.iterdir():
+            if not entry.name.isdigit() or int(entry.name) == os.getpid():
+                continue
+            try:
+                if b"nvidia-cuda-mps" not in (entry / "cmdline").read_bytes():
+                    continue
+                if marker not in (entry / "environ").read_bytes().split(b"\0"):
+                    continue
+                state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            except (OSError, IndexError):
+                continue
+            if state not in ("Z", "X"):
+                pids.append(int(entry.name))
+        return pids
+
+    def stop(self, daemon_id: str, *, grace_s: float = 5.0) -> None:
+        """Ask the daemon to quit, kill what is left, remove its directories."""
+        if self.running(daemon_id):
+            try:
+                self._cmd.run(
+                    [str(self._tools.mps_control)],
+                    env={"CUDA_MPS_PIPE_DIRECTORY": str(self.pipe_dir(daemon_id))},
+                    stdin="quit\n",
+                )
+            except ToolError:
+                pass  # killed below
+            deadline = time.monotonic() + grace_s
+            while self.running(daemon_id) and time.monotonic() < deadline:
+                time.sleep(0.02)
+            for pid in self.running(daemon_id):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        shutil.rmtree(self.base(daemon_id), ignore_errors=True)
+
+    def ids_for_claim(self, claim_uid: str) -> list[str]:
+        if not self._root.is_dir():
+            return []
+        return sorted(p.name for p in self._root.glob(f"{claim_uid}-*") if p.is_dir())
