@@ -1,0 +1,63 @@
+"""Shared pytest fixtures: the real control plane for the apiserver/scheduler tiers.
+
+The ``cluster`` fixture starts etcd, kube-apiserver, kube-scheduler and
+kube-controller-manager once per session (about 4 s warm). Missing binaries
+fail the requesting tests; they never skip, so a broken install cannot pass
+silently. Binaries come from ``$DRA_K8S_BIN_DIR`` or ``scripts/build-k8s.sh``.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+from collections.abc import Generator, Iterator
+
+import pytest
+
+from dra_driver.devcluster import BinariesError, Cluster, ComponentError, find_binaries
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """One control plane shared by the whole session; use unique names per module."""
+    try:
+        binaries = find_binaries()
+    except BinariesError as err:
+        pytest.fail(f"control-plane binaries unavailable: {err}", pytrace=False)
+    control_plane = Cluster(binaries, tmp_path_factory.mktemp("cluster"))
+    try:
+        control_plane.start()
+    except ComponentError as err:
+        pytest.fail(f"control plane failed to start: {err}", pytrace=False)
+    try:
+        yield control_plane
+    finally:
+        control_plane.stop()
+
+
+@pytest.fixture(scope="module")
+def cluster_namespace(cluster: Cluster, request: pytest.FixtureRequest) -> str:
+    """A fresh namespace per test module, named after the module."""
+    base = re.sub(r"[^a-z0-9-]", "-", request.module.__name__.rsplit(".", 1)[-1].lower())
+    name = f"{base[:40].strip('-')}-{secrets.token_hex(3)}"
+    cluster.create_namespace(name)
+    return name
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark tests that use the control plane, so ``-m "not cluster"`` runs the fast tiers."""
+    for item in items:
+        if "cluster" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.cluster)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """Attach the components' log tails to any failed test that used the control plane."""
+    report = yield
+    control_plane = getattr(item, "funcargs", {}).get("cluster")
+    if report.failed and isinstance(control_plane, Cluster):
+        report.sections.append(("control-plane logs (tail)", control_plane.log_tails(25)))
+    return report
