@@ -1,0 +1,38 @@
+# Image of the DRA kubelet plugin (deploy/chart runs it as a DaemonSet).
+#
+#   docker build -t dra-driver:0.1.0 .
+#
+# Stage 1 builds the wheel; stage 2 installs only the wheel and its runtime
+# dependencies, so the image holds no sources, tests or build tools.
+#
+# Root: the plugin runs as root (UID 0) on purpose. It must create its sockets
+# in the kubelet's root-owned /var/lib/kubelet/plugins_registry and plugins/
+# dirs, write CDI specs to /var/run/cdi, open /dev/nvidia* and run nvidia-smi
+# and nvidia-cuda-mps-control, all of which need root on a node. The image
+# still defines an unprivileged user (UID 65532) for the one-shot commands
+# (`discover --emulate`, `slices`), e.g. `docker run --user 65532 ...`.
+ARG PYTHON_IMAGE=python:3.11-slim
+
+FROM ${PYTHON_IMAGE} AS build
+WORKDIR /src
+RUN pip install --no-cache-dir "build>=1.2"
+COPY pyproject.toml README.md ./
+COPY dra_driver ./dra_driver
+RUN python -m build --wheel --outdir /wheels .
+
+FROM ${PYTHON_IMAGE}
+LABEL org.opencontainers.image.title="dra-driver" \
+      org.opencontainers.image.description="Kubernetes DRA kubelet plugin for NVIDIA GPUs" \
+      org.opencontainers.image.licenses="Apache-2.0"
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+COPY --from=build /wheels /wheels
+RUN pip install /wheels/*.whl && rm -rf /wheels \
+ && useradd --system --uid 65532 --no-create-home --shell /usr/sbin/nologin dra
+# The NVIDIA libraries (libnvidia-ml.so) come from the host's driver root,
+# mounted by the chart at /driver-root; the loader finds them there.
+ENV LD_LIBRARY_PATH=/driver-root/usr/lib64:/driver-root/usr/lib/x86_64-linux-gnu
+ENTRYPOINT ["dra-driver"]
+CMD ["kubelet-plugin"]
