@@ -85,6 +85,12 @@ class Gpu:
     mig_instances: tuple[MigInstance, ...] = ()
     error: str | None = None
     """Set when some NVML/sysfs query failed; the GPU is listed but marked degraded."""
+    warnings: tuple[str, ...] = ()
+    """Optional facts that could not be read (e.g. NUMA node); the GPU stays usable."""
+
+    @property
+    def degraded(self) -> bool:
+        return self.error is not None
 
 
 @dataclass(frozen=True)

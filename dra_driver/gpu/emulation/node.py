@@ -1,0 +1,92 @@
+"""An emulated GPU node: host tree on disk plus an NVML library to install into ``pynvml``.
+
+Usage::
+
+    node = EmulatedNode.create("dgx-a100-mig", tmp_path)
+    with node.nvml():
+        inventory = discover(node.host, logger)
+
+:meth:`EmulatedNode.nvml` swaps ``pynvml.nvmlLib`` for the emulated library
+and clears the binding's function-pointer cache, then restores both (and the
+binding's init refcount) on exit, so nothing leaks into the next test and a
+real GPU node is unaffected. It is not re-entrant across different nodes: the
+binding holds one library per process.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from dra_driver.gpu.emulation.hosttree import BIN_DIR, remove_gpu_files, write_host_tree
+from dra_driver.gpu.emulation.library import EmulatedNvmlLibrary
+from dra_driver.gpu.emulation.profile import EmulatedProfile, load_profile
+from dra_driver.gpu.hostpaths import HostPaths
+
+PROFILE_FILE = Path("emulation/profile.yaml")
+"""Copy of the profile YAML inside the emulated root, for emulated tools run as subprocesses."""
+
+_install_lock = threading.Lock()
+
+
+@dataclass
+class EmulatedNode:
+    profile: EmulatedProfile
+    host: HostPaths
+    library: EmulatedNvmlLibrary
+
+    @classmethod
+    def create(cls, profile: str | Path | EmulatedProfile, root: Path) -> EmulatedNode:
+        """Write the node's files under ``root`` (created if missing) for a profile name or file."""
+        loaded = profile if isinstance(profile, EmulatedProfile) else load_profile(profile)
+        host = write_host_tree(loaded, Path(root))
+        profile_file = host.root / PROFILE_FILE
+        profile_file.parent.mkdir(parents=True, exist_ok=True)
+        profile_file.write_text(loaded.source)
+        return cls(profile=loaded, host=host, library=EmulatedNvmlLibrary(loaded))
+
+    @property
+    def bin_dir(self) -> Path:
+        """Where GPU tools (``nvidia-smi``, MPS control) live; emulated tools are written here."""
+        return self.host.driver(str(BIN_DIR))
+
+    @property
+    def profile_file(self) -> Path:
+        return self.host.root / PROFILE_FILE
+
+    def remove_gpu(self, index: int) -> None:
+        """Hot-unplug the GPU with this profile index: NVML and the host tree stop showing it."""
+        self.library.remove_gpu(index)
+        remove_gpu_files(self.host, self.profile.gpus[index])
+
+    def reboot(self) -> str:
+        """Give the node a new boot ID (what a reboot changes for checkpoints); returns it."""
+        boot_id = str(uuid.uuid4())
+        self.host.proc("sys", "kernel", "random", "boot_id").write_text(boot_id + "\n")
+        return boot_id
+
+    @contextmanager
+    def nvml(self) -> Iterator[EmulatedNvmlLibrary]:
+        """Install the emulated library into ``pynvml`` for the duration of the block."""
+        import pynvml
+
+        with _install_lock:
+            if isinstance(pynvml.nvmlLib, EmulatedNvmlLibrary):
+                raise RuntimeError("another emulated NVML library is already installed")
+            saved_lib = pynvml.nvmlLib
+            saved_cache = dict(pynvml._nvmlGetFunctionPointer_cache)
+            saved_refcount = pynvml._nvmlLib_refcount
+            pynvml._nvmlGetFunctionPointer_cache.clear()
+            pynvml.nvmlLib = self.library
+        try:
+            yield self.library
+        finally:
+            with _install_lock:
+                pynvml.nvmlLib = saved_lib
+                pynvml._nvmlGetFunctionPointer_cache.clear()
+                pynvml._nvmlGetFunctionPointer_cache.update(saved_cache)
+                pynvml._nvmlLib_refcount = saved_refcount
