@@ -350,6 +350,8 @@ def remove_spec(cdi_dir: Path, kind: str, transient_id: str) -> None:
     """Delete the spec and any temp file of an interrupted write; missing is fine."""
     target = transient_spec_path(cdi_dir, kind, transient_id)
     for path in [target, *temp_files_for(target)]:
+        if not (path.exists() or path.is_symlink()):
+            continue  # unlink on a read-only fs fails even for missing files
         try:
             path.unlink(missing_ok=True)
         except OSError as exc:
