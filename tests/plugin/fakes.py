@@ -23,7 +23,7 @@ from urllib.parse import parse_qs, urlparse
 from dra_driver.plugin.backend import DeviceHealth, PreparedDevice, PrepareError
 from dra_driver.plugin.claims import Claim, ClaimRef
 from dra_driver.plugin.kubeclient import KubeConfig
-from dra_driver.plugin.resources import Device, Pool
+from dra_driver.plugin.resources import CounterSet, Device, Pool
 
 DRIVER = "gpu.test.example.com"
 
@@ -31,6 +31,7 @@ DRIVER = "gpu.test.example.com"
 @dataclass
 class FakeBackend:
     devices: tuple[Device, ...] = (Device("gpu-0"), Device("gpu-1"))
+    counter_sets: tuple[CounterSet, ...] = ()
     fail: dict[str, str] = field(default_factory=dict)
     delay_s: float = 0.0
     supports_parallel_claims: bool = False
@@ -88,7 +89,7 @@ class FakeBackend:
         return list(self.prepared.values())
 
     def pool(self) -> Pool:
-        return Pool(devices=self.devices)
+        return Pool(devices=self.devices, counter_sets=self.counter_sets)
 
 
 @dataclass

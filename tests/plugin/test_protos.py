@@ -28,7 +28,7 @@ def test_committed_stubs_match_a_fresh_generation(tmp_path: Path) -> None:
     generated = sorted(p.name for p in tmp_path.glob("*_pb2*"))
     committed = sorted(p.name for p in PROTO_OUT.glob("*_pb2*"))
     assert generated == committed
-    match, mismatch, errors = filecmp.cmpfiles(tmp_path, PROTO_OUT, generated, shallow=False)
+    _match, mismatch, errors = filecmp.cmpfiles(tmp_path, PROTO_OUT, generated, shallow=False)
     assert not mismatch and not errors, f"stale stubs, run scripts/gen-proto.sh: {mismatch}"
 
 
