@@ -1,0 +1,29 @@
+# Entry points for people; CI runs .ci/run, which ends in `make test`.
+VENV ?= .venv
+PYTHON ?= python3
+
+.PHONY: venv k8s cluster test ci
+
+# The venv is (re)installed when pyproject.toml changes.
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install --quiet --upgrade pip
+	$(VENV)/bin/pip install --quiet -e '.[test]'
+	touch $@
+
+venv: $(VENV)/.installed
+
+# Build (cold ~7 min on 2 cores) or reuse the Kubernetes control-plane binaries.
+k8s:
+	scripts/build-k8s.sh
+
+# A real control plane in the foreground; prints the kubeconfig. Ctrl-C stops it.
+cluster: venv
+	$(VENV)/bin/dra-driver dev-cluster up
+
+# The whole suite: ruff, mypy, import contracts, pytest (all tiers).
+test: venv
+	scripts/test
+
+ci:
+	.ci/run
