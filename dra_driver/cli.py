@@ -20,7 +20,12 @@ from dra_driver.logs import LOG_FORMATS, setup_logging
 
 # Subcommand modules, in the order `--help` lists them. Each defines NAME, HELP,
 # add_arguments(parser) and run(args) -> int.
-COMMAND_MODULES: tuple[str, ...] = ("dra_driver.commands.devcluster",)
+COMMAND_MODULES: tuple[str, ...] = (
+    "dra_driver.commands.devcluster",
+    "dra_driver.commands.discover",
+    "dra_driver.commands.slices",
+    "dra_driver.commands.kubelet_plugin",
+)
 
 
 def _load_commands() -> list[ModuleType]:

@@ -135,7 +135,9 @@ def write_host_tree(
         "\nBlock devices:\n  7 loop\n  8 sd\n259 blkext\n",
         0o444,
     )
-    _write(host.proc("sys", "kernel", "random", "boot_id"), f"{uuid.uuid4()}\n", 0o444)
+    boot_id = host.proc("sys", "kernel", "random", "boot_id")
+    if not boot_id.exists():  # refreshing a tree (plugin restart) is not a reboot
+        _write(boot_id, f"{uuid.uuid4()}\n", 0o444)
     _write(
         host.proc("driver", "nvidia", "version"),
         f"NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  {version}  Release Build\n"

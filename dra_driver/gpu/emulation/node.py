@@ -30,6 +30,9 @@ from dra_driver.gpu.hostpaths import HostPaths
 PROFILE_FILE = Path("emulation/profile.yaml")
 """Copy of the profile YAML inside the emulated root, for emulated tools run as subprocesses."""
 
+UNPLUGGED_FILE = Path("emulation/unplugged")
+"""Profile indexes of GPUs unplugged at run time, one per line."""
+
 _install_lock = threading.Lock()
 
 
@@ -47,6 +50,7 @@ class EmulatedNode:
         profile_file = host.root / PROFILE_FILE
         profile_file.parent.mkdir(parents=True, exist_ok=True)
         profile_file.write_text(loaded.source)
+        (host.root / UNPLUGGED_FILE).unlink(missing_ok=True)
         return cls(profile=loaded, host=host, library=EmulatedNvmlLibrary(loaded))
 
     @property
@@ -59,9 +63,25 @@ class EmulatedNode:
         return self.host.root / PROFILE_FILE
 
     def remove_gpu(self, index: int) -> None:
-        """Hot-unplug the GPU with this profile index: NVML and the host tree stop showing it."""
+        """Hot-unplug the GPU with this profile index: NVML and the host tree stop showing it.
+
+        Also recorded in ``emulation/unplugged`` so another process emulating the same
+        root (a plugin under test) applies it on its next :meth:`sync`.
+        """
         self.library.remove_gpu(index)
         remove_gpu_files(self.host, self.profile.gpus[index])
+        unplugged = self.host.root / UNPLUGGED_FILE
+        with unplugged.open("a") as out:
+            out.write(f"{index}\n")
+
+    def sync(self) -> None:
+        """Apply unplugs recorded by other processes (see :meth:`remove_gpu`)."""
+        unplugged = self.host.root / UNPLUGGED_FILE
+        if unplugged.exists():
+            for line in unplugged.read_text().split():
+                index = int(line)
+                if 0 <= index < len(self.profile.gpus):
+                    self.library.remove_gpu(index)
 
     def reboot(self) -> str:
         """Give the node a new boot ID (what a reboot changes for checkpoints); returns it."""

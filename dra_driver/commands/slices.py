@@ -1,0 +1,120 @@
+"""``dra-driver slices``: the exact ResourceSlices the kubelet plugin would publish.
+
+Discovery (real or ``--emulate``) -> :func:`dra_driver.gpu.devices.build_pool`
+-> the plugin layer's own validation, splitting and conversion
+(:mod:`dra_driver.plugin.slices`), so the output is byte-for-byte what the
+publisher sends, except ``ownerReferences``, which needs the Node's UID
+(``--node-uid``; omitted without it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from typing import TYPE_CHECKING, Any
+
+from dra_driver.commands.discover import add_host_arguments, gpu_host
+
+if TYPE_CHECKING:
+    from dra_driver.gpu.inventory import Inventory
+
+NAME = "slices"
+HELP = "print the ResourceSlices this node would publish"
+
+logger = logging.getLogger(__name__)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--node-name",
+        default=os.environ.get("NODE_NAME") or None,
+        required=not os.environ.get("NODE_NAME"),
+        help="node the slices belong to; also the pool name (env NODE_NAME)",
+    )
+    parser.add_argument(
+        "--driver-name",
+        default=os.environ.get("DRIVER_NAME", "gpu.nvidia.com"),
+        help="DRA driver name (env DRIVER_NAME; default %(default)s)",
+    )
+    parser.add_argument(
+        "--node-uid", default=None, help="the Node's UID for ownerReferences (omitted if unset)"
+    )
+    parser.add_argument(
+        "--generation", type=int, default=1, help="pool generation to print (default 1)"
+    )
+    parser.add_argument(
+        "--taint-degraded",
+        action="store_true",
+        help="publish degraded GPUs with a NoSchedule taint instead of leaving them out",
+    )
+    add_host_arguments(parser)
+    parser.add_argument(
+        "-o", "--output", choices=("yaml", "json"), default="yaml", help="default %(default)s"
+    )
+
+
+def resource_slices(
+    inventory: Inventory,
+    *,
+    driver_name: str,
+    node_name: str,
+    node_uid: str | None = None,
+    generation: int = 1,
+    taint_degraded: bool = False,
+) -> list[dict[str, Any]]:
+    """The ResourceSlice objects for ``inventory``; raises SliceValidationError if invalid."""
+    from dra_driver.gpu.devices import build_pool
+    from dra_driver.plugin.slices import slice_object, split_pool, validate_names, validate_pool
+
+    validate_names(driver_name, node_name)
+    pool = build_pool(inventory, driver_name=driver_name, taint_degraded=taint_degraded)
+    validate_pool(pool)
+    contents = split_pool(pool)
+    objects = [
+        slice_object(
+            driver=driver_name,
+            node_name=node_name,
+            node_uid=node_uid or "",
+            index=i,
+            generation=generation,
+            count=len(contents),
+            content=content,
+        )
+        for i, content in enumerate(contents)
+    ]
+    if node_uid is None:
+        for obj in objects:
+            del obj["metadata"]["ownerReferences"]
+    return objects
+
+
+def run(args: argparse.Namespace) -> int:
+    from dra_driver.gpu.discovery import DiscoveryError, discover
+    from dra_driver.gpu.emulation import ProfileError
+    from dra_driver.plugin.slices import SliceValidationError
+
+    try:
+        with gpu_host(args) as (host, _node):
+            inventory = discover(host, logger)
+        objects = resource_slices(
+            inventory,
+            driver_name=args.driver_name,
+            node_name=args.node_name,
+            node_uid=args.node_uid,
+            generation=args.generation,
+            taint_degraded=args.taint_degraded,
+        )
+    except (DiscoveryError, ProfileError, SliceValidationError) as exc:
+        print(f"dra-driver slices: {exc}", file=sys.stderr)
+        return 1
+    if args.output == "json":
+        body = {"apiVersion": "v1", "kind": "List", "items": objects}
+        sys.stdout.write(json.dumps(body, indent=2) + "\n")
+    else:
+        import yaml
+
+        sys.stdout.write(yaml.safe_dump_all(objects, sort_keys=False))
+    return 0

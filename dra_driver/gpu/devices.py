@@ -1,0 +1,159 @@
+"""Inventory -> the devices a node publishes (plugin :class:`Pool`), NVIDIA-compatible.
+
+Attribute and capacity names follow NVIDIA's ``gpu.nvidia.com`` driver so
+claims and DeviceClasses written for it work unchanged: ``type``, ``uuid``,
+``productName``, ``brand``, ``architecture``, semver ``cudaComputeCapability``,
+``driverVersion`` and ``cudaDriverVersion``, ``resource.kubernetes.io/pciBusID``
+and ``.../pcieRoot``; MIG devices add ``profile`` and ``parentUUID`` and the
+capacities ``multiprocessors``, ``copyEngines``, ``decoders``, ``encoders``,
+``jpegEngines``, ``ofaEngines``, ``memory`` and ``memorySlice<i>`` (static MIG).
+Beyond NVIDIA, what users asked for: ``numaNode``, ``index``, ``minor``,
+``migCapable``, ``pcieGeneration``, ``pcieLinkWidth`` and ``multiprocessors``
+capacity on full GPUs (MIG devices carry ``numaNode`` too). Facts discovery
+could not read are left out rather than published as a guess.
+
+Decisions:
+
+* A GPU in MIG mode publishes its MIG devices, not itself. In MIG mode CUDA
+  runs only inside MIG devices; the full GPU is not usable as one device, and
+  offering both would let the scheduler hand out the same memory slices twice.
+  A MIG-mode GPU without instances therefore publishes nothing.
+* Degraded GPUs (an essential NVML/sysfs query failed, or the GPU is lost) are
+  left out of the pool by default: the scheduler can never pick them, even on
+  clusters without the DRADeviceTaints gate (where a taint would be silently
+  dropped). With ``taint_degraded=True`` they are published with a
+  ``<driver>/degraded`` NoSchedule taint instead (when their identity is known),
+  which makes the fault visible in the API at the cost of needing the gate.
+* Versions are strict semver: each numeric part loses leading zeros
+  (driver ``580.95.05`` -> ``580.95.5``), ``major.minor`` gets ``.0``.
+"""
+
+from __future__ import annotations
+
+from dra_driver.gpu.inventory import Gpu, Inventory, MigInstance
+from dra_driver.gpu.naming import gpu_device_name, mig_device_name
+from dra_driver.plugin.resources import AttributeValue, Capacity, Device, DeviceTaint, Pool, Version
+
+PCI_BUS_ID = "resource.kubernetes.io/pciBusID"
+PCIE_ROOT = "resource.kubernetes.io/pcieRoot"
+_DECIMAL_SUFFIXES = ("", "k", "M", "G", "T", "P", "E")
+_BINARY_SUFFIXES = ("", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei")
+
+
+def semver(*parts: int | str) -> Version:
+    """A strict semver from numeric parts, padded to three: ``(8, 0)`` -> ``8.0.0``."""
+    numbers = [int(p) for p in parts][:3]
+    numbers += [0] * (3 - len(numbers))
+    return Version(".".join(str(n) for n in numbers))
+
+
+def driver_semver(version: str) -> Version:
+    """``580.95.05`` -> ``580.95.5`` (semver forbids leading zeros)."""
+    return semver(*version.split("."))
+
+
+def quantity(value: int, *, binary: bool = False) -> str:
+    """The canonical Kubernetes quantity string, so the API server returns it unchanged.
+
+    Bytes use binary suffixes when a power of 1024 divides them (``80Gi``,
+    ``9728Mi``); counts use decimal suffixes (``108``, ``2k``).
+    """
+    if value == 0:
+        return "0"
+    if binary and value % 1024 == 0:
+        exponent = 0
+        while value % 1024 == 0 and exponent < len(_BINARY_SUFFIXES) - 1:
+            value //= 1024
+            exponent += 1
+        return f"{value}{_BINARY_SUFFIXES[exponent]}"
+    exponent = 0
+    while value % 1000 == 0 and exponent < len(_DECIMAL_SUFFIXES) - 1:
+        value //= 1000
+        exponent += 1
+    return f"{value}{_DECIMAL_SUFFIXES[exponent]}"
+
+
+def _common(gpu: Gpu, inventory: Inventory) -> dict[str, AttributeValue]:
+    """Attributes a full GPU and its MIG devices share (NVIDIA publishes these on both)."""
+    attrs: dict[str, AttributeValue] = {
+        "productName": gpu.product_name,
+        "brand": gpu.brand,
+        "architecture": gpu.architecture,
+        "cudaComputeCapability": semver(*gpu.cuda_compute_capability),
+        "driverVersion": driver_semver(inventory.driver_version),
+        "cudaDriverVersion": semver(*inventory.cuda_driver_version),
+        PCI_BUS_ID: gpu.pci.bus_id,
+    }
+    if gpu.pci.pcie_root is not None:
+        attrs[PCIE_ROOT] = gpu.pci.pcie_root
+    if gpu.pci.numa_node is not None:
+        attrs["numaNode"] = gpu.pci.numa_node
+    return attrs
+
+
+def gpu_device(gpu: Gpu, inventory: Inventory) -> Device:
+    attrs: dict[str, AttributeValue] = {
+        "type": "gpu",
+        "uuid": gpu.uuid,
+        **_common(gpu, inventory),
+        "index": gpu.index,
+        "minor": gpu.minor,
+        "migCapable": gpu.mig_capable,
+    }
+    if gpu.pci.pcie_generation is not None:
+        attrs["pcieGeneration"] = gpu.pci.pcie_generation
+    if gpu.pci.pcie_link_width is not None:
+        attrs["pcieLinkWidth"] = gpu.pci.pcie_link_width
+    capacity = {"memory": Capacity(quantity(gpu.memory_bytes, binary=True))}
+    if gpu.multiprocessors:
+        capacity["multiprocessors"] = Capacity(quantity(gpu.multiprocessors))
+    return Device(name=gpu_device_name(gpu), attributes=attrs, capacity=capacity)
+
+
+def mig_device(mig: MigInstance, gpu: Gpu, inventory: Inventory) -> Device:
+    p = mig.profile
+    attrs: dict[str, AttributeValue] = {
+        "type": "mig",
+        "uuid": mig.uuid,
+        "parentUUID": mig.parent_uuid,
+        "profile": p.name,
+        **_common(gpu, inventory),
+    }
+    capacity = {
+        "memory": Capacity(quantity(p.memory_bytes, binary=True)),
+        "multiprocessors": Capacity(quantity(p.multiprocessors)),
+        "copyEngines": Capacity(quantity(p.copy_engines)),
+        "decoders": Capacity(quantity(p.decoders)),
+        "encoders": Capacity(quantity(p.encoders)),
+        "jpegEngines": Capacity(quantity(p.jpeg_engines)),
+        "ofaEngines": Capacity(quantity(p.ofa_engines)),
+    }
+    for memory_slice in range(mig.placement.start, mig.placement.start + mig.placement.size):
+        capacity[f"memorySlice{memory_slice}"] = Capacity("1")
+    return Device(name=mig_device_name(mig), attributes=attrs, capacity=capacity)
+
+
+def gpu_devices(gpu: Gpu, inventory: Inventory) -> list[Device]:
+    """What one healthy GPU contributes: itself, or its MIG devices when in MIG mode."""
+    if gpu.mig_enabled:
+        return [mig_device(m, gpu, inventory) for m in gpu.mig_instances]
+    return [gpu_device(gpu, inventory)]
+
+
+def _identified(gpu: Gpu) -> bool:
+    return bool(gpu.uuid and gpu.minor >= 0 and gpu.pci.bus_id)
+
+
+def build_pool(inventory: Inventory, *, driver_name: str, taint_degraded: bool = False) -> Pool:
+    """The node's pool; device order (by minor) is the scheduler's first-fit preference."""
+    devices: list[Device] = []
+    taint = DeviceTaint(key=f"{driver_name}/degraded", value="nvml-error", effect="NoSchedule")
+    for gpu in sorted(inventory.gpus, key=lambda g: (g.minor, g.index)):
+        if not gpu.degraded:
+            devices += gpu_devices(gpu, inventory)
+        elif taint_degraded and _identified(gpu):
+            devices += [
+                Device(name=d.name, attributes=d.attributes, capacity=d.capacity, taints=(taint,))
+                for d in gpu_devices(gpu, inventory)
+            ]
+    return Pool(devices=tuple(devices))
