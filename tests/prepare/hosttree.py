@@ -197,3 +197,22 @@ def gpu_config(
     if sharing is not None:
         params["sharing"] = sharing
     return OpaqueConfig(source=source, requests=requests, parameters=params)  # type: ignore[arg-type]
+
+
+def open_node(root: Path) -> Node:
+    """The node :func:`make_node` built at ``root``, as a restarted process sees it."""
+    host = HostPaths(root=root, driver_root=root / "driver")
+    bin_dir = host.driver("usr", "bin")
+    return Node(
+        root=root,
+        host=host,
+        inventory=hand_inventory(),
+        record=root / "gputools.jsonl",
+        tools=GpuTools(
+            nvidia_smi=bin_dir / gputools.NVIDIA_SMI,
+            mps_control=bin_dir / gputools.MPS_CONTROL,
+            timeout_s=10,
+        ),
+        cdi_dir=root / "run" / "cdi",
+        state_dir=root / "plugin",
+    )

@@ -32,22 +32,23 @@ COMPUTE_MODES = ("DEFAULT", "EXCLUSIVE_PROCESS", "PROHIBITED", "0", "2", "3")
 
 _WRAPPER = """#!{python}
 # Emulated {tool}: written by dra_driver.gpu.emulation.gputools.install
-import sys
-sys.path.insert(0, {pkg_root!r})
-from dra_driver.gpu.emulation.gputools import main
-sys.exit(main({tool!r}, {record!r}, sys.argv[1:]))
+import importlib.util, sys
+spec = importlib.util.spec_from_file_location("gputools", {module!r})
+tools = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(tools)
+sys.exit(tools.main({tool!r}, {record!r}, sys.argv[1:]))
 """
 
 
 def install(bin_dir: Path, record: Path, *, python: str = sys.executable) -> dict[str, Path]:
     """Write the emulated tools into ``bin_dir``; returns their paths by tool name."""
     bin_dir.mkdir(parents=True, exist_ok=True)
-    pkg_root = str(Path(__file__).resolve().parents[3])
+    module = str(Path(__file__).resolve())  # loaded by path: no package import cost per call
     paths: dict[str, Path] = {}
     for tool in (NVIDIA_SMI, MPS_CONTROL):
         path = bin_dir / tool
         path.write_text(
-            _WRAPPER.format(python=python, tool=tool, record=str(record), pkg_root=pkg_root)
+            _WRAPPER.format(python=python, tool=tool, record=str(record), module=module)
         )
         path.chmod(0o755)
         paths[tool] = path
