@@ -1,0 +1,54 @@
+"""Running the Helm CLI built from tests/go/helm, for the chart tests."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "deploy" / "chart"
+MANIFESTS = ROOT / "deploy" / "manifests" / "dra-driver.yaml"
+
+
+def build_helm() -> Path:
+    """The helm binary (built once and cached by scripts/build-helm.sh)."""
+    result = subprocess.run(
+        [str(ROOT / "scripts" / "build-helm.sh")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if result.returncode != 0 or not result.stdout.strip():
+        raise RuntimeError(f"scripts/build-helm.sh failed ({result.returncode}):\n{result.stderr}")
+    return Path(result.stdout.strip().splitlines()[-1])
+
+
+def run_helm(helm: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(helm), *args], cwd=ROOT, capture_output=True, text=True, check=False, timeout=120
+    )
+
+
+def render(helm: Path, *set_args: str, namespace: str = "dra-driver") -> list[dict[str, Any]]:
+    """``helm template dra-driver deploy/chart`` as a list of objects."""
+    result = run_helm(
+        helm, "template", "dra-driver", str(CHART), "--namespace", namespace, *set_args
+    )
+    assert result.returncode == 0, result.stderr
+    return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+
+
+def strip_labels(obj: dict[str, Any]) -> dict[str, Any]:
+    """The object without the labels/annotations Helm adds, for comparisons."""
+    copy = {**obj, "metadata": dict(obj["metadata"])}
+    copy["metadata"].pop("labels", None)
+    copy["metadata"].pop("annotations", None)
+    return copy
+
+
+def by_kind_name(objs: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
+    return {(o["kind"], o["metadata"]["name"]): o for o in objs}

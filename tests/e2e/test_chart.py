@@ -1,0 +1,194 @@
+"""The Helm chart: lint, schema, rendered manifests, parity with deploy/rbac
+and deploy/deviceclasses, and acceptance by the real API server (dry run)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from dra_driver.devcluster import ApiError, Cluster
+from tests.e2e.helm import (
+    CHART,
+    MANIFESTS,
+    ROOT,
+    build_helm,
+    by_kind_name,
+    render,
+    run_helm,
+    strip_labels,
+)
+
+
+@pytest.fixture(scope="module")
+def helm() -> Path:
+    return build_helm()
+
+
+def load_dir(path: Path) -> list[dict[str, Any]]:
+    docs: list[dict[str, Any]] = []
+    for file in sorted(path.glob("*.yaml")):
+        docs.extend(d for d in yaml.safe_load_all(file.read_text()) if d)
+    assert docs, f"no manifests in {path}"
+    return docs
+
+
+def test_lint_strict_passes(helm: Path) -> None:
+    result = run_helm(helm, "lint", "--strict", str(CHART))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize(
+    ("setting", "field"),
+    [
+        ("emulate=dgx-a101", "emulate"),
+        ("healthPort=0", "healthPort"),
+        ("kubeletRootDir=var/lib/kubelet", "kubeletRootDir"),
+        ("driverName=GPU_NVIDIA", "driverName"),
+        ("no.such=1", "no"),
+    ],
+)
+def test_schema_rejects_bad_values(helm: Path, setting: str, field: str) -> None:
+    result = run_helm(helm, "template", "x", str(CHART), "--set", setting)
+    assert result.returncode != 0
+    assert "values don't meet the specifications of the schema" in result.stderr
+    assert field in result.stderr
+
+
+def test_committed_manifests_are_a_fresh_render(helm: Path) -> None:
+    """deploy/manifests is generated from the chart; re-run scripts/render-manifests.sh."""
+    committed = [d for d in yaml.safe_load_all(MANIFESTS.read_text()) if d]
+    assert committed[0] == {
+        "apiVersion": "v1",
+        "kind": "Namespace",
+        "metadata": {"name": "dra-driver"},
+    }
+    assert committed[1:] == render(helm)
+
+
+def test_rbac_equals_deploy_rbac(helm: Path) -> None:
+    """The chart is the source of truth; deploy/rbac must say exactly the same."""
+    chart = by_kind_name([strip_labels(o) for o in render(helm)])
+    for obj in load_dir(ROOT / "deploy" / "rbac"):
+        key = (obj["kind"], obj["metadata"]["name"])
+        assert key in chart, f"chart lacks {key}"
+        assert chart[key] == obj, f"{key} differs between the chart and deploy/rbac"
+
+
+def test_deviceclasses_equal_deploy_deviceclasses(helm: Path) -> None:
+    chart = by_kind_name([strip_labels(o) for o in render(helm)])
+    shipped = load_dir(ROOT / "deploy" / "deviceclasses")
+    assert {o["metadata"]["name"] for o in shipped} == {
+        name for kind, name in chart if kind == "DeviceClass"
+    }
+    for obj in shipped:
+        rendered = chart[("DeviceClass", obj["metadata"]["name"])]
+        assert rendered == obj, f"DeviceClass {obj['metadata']['name']} differs"
+
+
+def daemonset(objs: list[dict[str, Any]]) -> dict[str, Any]:
+    (ds,) = [o for o in objs if o["kind"] == "DaemonSet"]
+    return ds
+
+
+def test_host_paths_are_mounted_at_the_same_path_and_probes_hit_the_health_port(
+    helm: Path,
+) -> None:
+    ds = daemonset(
+        render(helm, "--set", "kubeletRootDir=/data/kubelet", "--set", "healthPort=9123")
+    )
+    pod = ds["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    host = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"]}
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    for name in ("plugins-registry", "plugins", "cdi", "dev"):
+        assert mounts[name] == host[name], name
+    assert host["plugins-registry"] == "/data/kubelet/plugins_registry"
+    assert host["plugins"] == "/data/kubelet/plugins"
+    assert "--registry-dir=/data/kubelet/plugins_registry" in container["args"]
+    assert "--plugins-dir=/data/kubelet/plugins" in container["args"]
+    assert "--health-port=9123" in container["args"]
+    assert mounts["driver-root"] == "/driver-root"
+    assert {m["name"]: m.get("readOnly", False) for m in container["volumeMounts"]}["driver-root"]
+    assert container["ports"] == [{"name": "health", "containerPort": 9123, "protocol": "TCP"}]
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "health"}
+    env = {e["name"]: e for e in container["env"]}
+    assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    assert pod["serviceAccountName"] == "dra-driver-kubelet-plugin"
+
+
+def test_rolling_update_switch(helm: Path) -> None:
+    surge = daemonset(render(helm))
+    assert surge["spec"]["updateStrategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
+    env = {e["name"] for e in surge["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert "POD_UID" in env
+    plain = daemonset(render(helm, "--set", "rollingUpdate.enabled=false"))
+    assert plain["spec"]["updateStrategy"]["rollingUpdate"] == {"maxUnavailable": 1}
+    env = {e["name"] for e in plain["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert "POD_UID" not in env
+
+
+def test_optional_parts_can_be_left_out(helm: Path) -> None:
+    kinds = {
+        o["kind"]
+        for o in render(
+            helm,
+            "--set",
+            "deviceClasses.enabled=false",
+            "--set",
+            "validatingAdmissionPolicy.enabled=false",
+        )
+    }
+    assert kinds == {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "DaemonSet"}
+
+
+def test_api_server_accepts_every_rendered_object(cluster: Cluster, helm: Path) -> None:
+    """Server-side dry run of the plain manifests: full validation, admission and
+    CEL compilation in the real kube-apiserver, nothing persisted."""
+    objs = [d for d in yaml.safe_load_all(MANIFESTS.read_text()) if d]
+    cluster.create_namespace("dra-driver")
+    for obj in objs[1:]:
+        meta = obj["metadata"]
+        path = cluster.rest.path_for(
+            obj["apiVersion"], obj["kind"], namespace=meta.get("namespace")
+        )
+        try:
+            stored = cluster.rest.request("POST", path, obj, query={"dryRun": "All"})
+        except ApiError as err:
+            if err.status != 409:  # already exists (another module applied deploy/rbac)
+                raise
+            stored = cluster.rest.request(
+                "PUT",
+                cluster.rest.object_path(obj),
+                {
+                    **obj,
+                    "metadata": {
+                        **meta,
+                        "resourceVersion": cluster.rest.get(cluster.rest.object_path(obj))[
+                            "metadata"
+                        ]["resourceVersion"],
+                    },
+                },
+                query={"dryRun": "All"},
+            )
+        assert stored["kind"] == obj["kind"]
+        assert stored["metadata"]["name"] == meta["name"]
+
+
+def test_api_server_rejects_a_broken_render(cluster: Cluster, helm: Path) -> None:
+    """The dry run is a real check: a bad hostPath type is refused by validation."""
+    ds = daemonset(render(helm))
+    ds["spec"]["template"]["spec"]["volumes"][0]["hostPath"]["type"] = "Folder"
+    cluster.create_namespace("dra-driver")
+    with pytest.raises(ApiError) as err:
+        cluster.rest.request(
+            "POST",
+            cluster.rest.path_for("apps/v1", "DaemonSet", namespace="dra-driver"),
+            ds,
+            query={"dryRun": "All"},
+        )
+    assert err.value.status == 422
+    assert "hostPath.type" in str(err.value)
