@@ -91,7 +91,8 @@ def busybox_bundle(bundle: Path, script: str) -> Path:
 
 
 INSIDE = r"""
-echo "ENV:$(env | grep -E '^(NVIDIA_VISIBLE_DEVICES|CUDA_MPS_PIPE_DIRECTORY)=' | sort | tr '\n' ' ')"
+echo "ENV:$(env | grep -E '^(NVIDIA_VISIBLE_DEVICES|CUDA_MPS_PIPE_DIRECTORY)=' \
+  | sort | tr '\n' ' ')"
 for n in /dev/nvidiactl /dev/nvidia-uvm /dev/nvidia-uvm-tools /dev/nvidia1 /dev/nvidia0 \
          /dev/nvidia-caps/nvidia-cap$GI /dev/nvidia-caps/nvidia-cap$CI; do
   echo "NODE:$n:$(stat -c '%F:%t:%T' $n 2>&1)"
@@ -112,8 +113,12 @@ def test_container_sees_exactly_its_devices_env_and_mounts(harness: Path, tmp_pa
     mps = OpaqueConfig(
         source="FromClaim",
         requests=("full",),
-        parameters={"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig", "sharing": {"strategy": "MPS"}},
-    )  # fmt: skip
+        parameters={
+            "apiVersion": "resource.nvidia.com/v1beta1",
+            "kind": "GpuConfig",
+            "sharing": {"strategy": "MPS"},
+        },
+    )
     claim = Claim(
         ref=ClaimRef("ns", "c", uid),
         devices=(AllocatedDevice("full", "node", gpu), AllocatedDevice("part", "node", mig)),
@@ -140,7 +145,8 @@ def test_container_sees_exactly_its_devices_env_and_mounts(harness: Path, tmp_pa
     assert done.returncode == 0, done.stderr
     state = tmp_path / "runc-state"
     run = subprocess.run(
-        [need("runc"), "--root", str(state), "run", "--no-pivot", "--bundle", str(bundle), f"t-{uid[:8]}"],
+        [need("runc"), "--root", str(state), "run", "--no-pivot",
+         "--bundle", str(bundle), f"t-{uid[:8]}"],
         capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     try:
