@@ -176,7 +176,11 @@ class KubeletPlugin:
     def start(self) -> None:
         """Serve, register and start publishing; raises if sockets cannot be set up."""
         s = self.settings
-        client = self._client = KubeClient(self._config(), timeout_s=s.api_timeout_s)
+        # Every gRPC worker may GET a claim at once, plus the publisher's two threads
+        # and the cleaner: size the connection pool so none is thrown away.
+        client = self._client = KubeClient(
+            self._config(), timeout_s=s.api_timeout_s, pool_size=s.grpc_workers + 4
+        )
         self.paths.plugin_dir.mkdir(parents=True, exist_ok=True, mode=0o750)
         s.registry_dir.mkdir(parents=True, exist_ok=True)
         for path in (self.paths.registration, self.paths.dra):

@@ -140,6 +140,8 @@ class FakeApiServer:
         self.nodes: dict[str, dict[str, Any]] = {}
         self.slices: dict[str, dict[str, Any]] = {}
         self.requests: list[tuple[str, str]] = []
+        self.fail_slice_requests = 0
+        """Answer this many resourceslice requests with 500 first (API outage)."""
         self._rv = 1
         self._lock = threading.Lock()
         server = self
@@ -177,6 +179,9 @@ class FakeApiServer:
                     node = server.nodes.get(m[1])
                     self._send(200, node) if node else self._send(404, {"reason": "NotFound"})
                 elif url.path == "/apis/resource.k8s.io/v1/resourceslices":
+                    if server._outage():
+                        self._send(500, {"reason": "InternalError", "message": "etcd down"})
+                        return
                     if "watch" in parse_qs(url.query):
                         time.sleep(0.5)  # an idle watch that the server ends
                         self._send(200, {})
@@ -228,6 +233,13 @@ class FakeApiServer:
     def config(self) -> KubeConfig:
         host, port = self._httpd.server_address[:2]
         return KubeConfig(server=f"http://{host}:{port}", token="test-token")
+
+    def _outage(self) -> bool:
+        with self._lock:
+            if self.fail_slice_requests > 0:
+                self.fail_slice_requests -= 1
+                return True
+            return False
 
     def add_claim(self, obj: dict[str, Any]) -> None:
         meta = obj["metadata"]

@@ -1,0 +1,78 @@
+"""Credential loading of the small kube client (no kubernetes.client involved)."""
+
+from __future__ import annotations
+
+import base64
+from pathlib import Path
+
+import pytest
+import yaml
+
+from dra_driver.plugin.kubeclient import (
+    KubeClient,
+    KubeConfigError,
+    NotFoundError,
+    load_in_cluster,
+    load_kubeconfig,
+)
+from tests.plugin.fakes import FakeApiServer, claim_object
+
+
+def _write(path: Path, user: dict[str, object], cluster: dict[str, object]) -> Path:
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "current-context": "c",
+                "contexts": [{"name": "c", "context": {"cluster": "k", "user": "u"}}],
+                "clusters": [{"name": "k", "cluster": cluster}],
+                "users": [{"name": "u", "user": user}],
+            }
+        )
+    )
+    return path
+
+
+def test_kubeconfig_with_inline_ca_and_token_file(tmp_path: Path) -> None:
+    (tmp_path / "tok").write_text("secret-token\n")
+    cfg = load_kubeconfig(
+        _write(
+            tmp_path / "kc",
+            {"tokenFile": "tok"},
+            {
+                "server": "https://k:6443/",
+                "certificate-authority-data": base64.b64encode(b"PEM").decode(),
+            },
+        )
+    )
+    assert cfg.server == "https://k:6443"
+    assert cfg.ca_pem == "PEM"
+    assert cfg.token_file == tmp_path / "tok"
+
+
+def test_exec_users_are_refused_with_a_clear_error(tmp_path: Path) -> None:
+    path = _write(tmp_path / "kc", {"exec": {"command": "aws"}}, {"server": "https://k"})
+    with pytest.raises(KubeConfigError, match="exec/auth-provider users are not supported"):
+        load_kubeconfig(path)
+
+
+def test_in_cluster_config_uses_the_passed_environment(tmp_path: Path) -> None:
+    (tmp_path / "ca.crt").write_text("CA")
+    cfg = load_in_cluster(
+        {"KUBERNETES_SERVICE_HOST": "fd00::1", "KUBERNETES_SERVICE_PORT": "443"}, sa_dir=tmp_path
+    )
+    assert cfg.server == "https://[fd00::1]:443"
+    assert cfg.token_file == tmp_path / "token" and cfg.ca_pem == "CA"
+    with pytest.raises(KubeConfigError, match="KUBERNETES_SERVICE_HOST"):
+        load_in_cluster({}, sa_dir=tmp_path)
+
+
+def test_claim_get_and_not_found_mapping(api: FakeApiServer, tmp_path: Path) -> None:
+    api.add_claim(claim_object("c", "u-1"))
+    client = KubeClient(api.config)
+    assert client.get_resource_claim("default", "c")["metadata"]["uid"] == "u-1"
+    assert client.get_resource_claim("default", "nope") is None
+    with pytest.raises(NotFoundError):
+        client.get_node("missing")
+    client.close()
