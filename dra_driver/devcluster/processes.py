@@ -46,10 +46,18 @@ def free_loopback_ports(count: int) -> list[int]:
             sock.close()
 
 
-def _die_with_parent() -> None:
-    """Runs in the child between fork and exec: SIGKILL it when the parent dies."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+def _die_with_parent_hook() -> Callable[[], None]:
+    """A pre-exec hook that makes the child get SIGKILL when its parent dies.
+
+    libc is resolved here, in the parent, so the forked child only makes the
+    one prctl call (no dlopen between fork and exec).
+    """
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+
+    def hook() -> None:
+        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+    return hook
 
 
 def http_ok(url: str, context: ssl.SSLContext | None, timeout: float = 2.0) -> tuple[bool, str]:
@@ -88,7 +96,7 @@ class Component:
                 # Own session: a terminal Ctrl-C reaches only us; we stop the
                 # children in order ourselves.
                 start_new_session=True,
-                preexec_fn=_die_with_parent,
+                preexec_fn=_die_with_parent_hook(),
             )
 
     def running(self) -> bool:

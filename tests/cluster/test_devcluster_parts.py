@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -13,7 +15,14 @@ import yaml
 from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from dra_driver.devcluster import Binaries, BinariesError, ComponentError, RestClient, find_binaries
+from dra_driver.devcluster import (
+    Binaries,
+    BinariesError,
+    ComponentError,
+    RestClient,
+    find_binaries,
+    wait_until,
+)
 from dra_driver.devcluster.certs import generate_certs
 from dra_driver.devcluster.kubeconfig import write_kubeconfig
 from dra_driver.devcluster.processes import Component, free_loopback_ports
@@ -138,3 +147,31 @@ def test_apply_rejects_objects_without_identity_before_any_request(tmp_path: Pat
         client.apply({"apiVersion": "v1", "metadata": {"name": "x"}}, "m")
     with pytest.raises(ValueError, match=r"lacks metadata\.name"):
         client.apply({"apiVersion": "v1", "kind": "Pod", "metadata": {"generateName": "x-"}}, "m")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False
+    return "\nState:\tZ" not in status
+
+
+def test_components_die_with_a_hard_killed_parent(tmp_path: Path) -> None:
+    """A SIGKILLed test run must not leak an apiserver onto the shared machine."""
+    code = (
+        "import pathlib, sys, time\n"
+        "from dra_driver.devcluster.processes import Component\n"
+        "c = Component('orphan', ['sleep', '60'], pathlib.Path(sys.argv[1]))\n"
+        "c.start()\n"
+        "print(c.pid, flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    with subprocess.Popen(
+        [sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE, text=True
+    ) as parent:
+        assert parent.stdout is not None
+        child = int(parent.stdout.readline())
+        assert _alive(child)
+        parent.kill()
+    wait_until(lambda: not _alive(child), timeout=10, what=f"orphaned child {child} to die")
