@@ -177,10 +177,14 @@ class ClaimPreparer:
         inventory = self._inventory()
         plan = self._plan(claim, inventory, cp)
         spec_path = cdi.transient_spec_path(self._cdi_dir, self.kind, claim.uid)
+        result = self._result(claim)
         entry: dict[str, Any] = {
             "state": STARTED,
             "namespace": claim.ref.namespace,
             "name": claim.ref.name,
+            # Devices are recorded before anything is applied so that another claim can
+            # never take them while this one waits for its rollback.
+            "devices": devices_to_json(result, plan.admin),
             "applied": plan.applied_json(spec_path),
         }
         cp.claims[claim.uid] = entry
@@ -191,9 +195,7 @@ class ClaimPreparer:
             spec = self._build_spec(claim, plan, inventory)
             cdi.write_spec(self._cdi_dir, claim.uid, spec)
             self._on_step("cdi-spec")
-            result = self._result(claim)
             entry["state"] = COMPLETED
-            entry["devices"] = devices_to_json(result, plan.admin)
             self._store.save(cp)
             self._on_step("checkpoint-completed")
         except (cdi.CdiError, ToolError, CheckpointError, OSError) as exc:

@@ -6,6 +6,7 @@ import json
 import stat
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -287,3 +288,26 @@ def test_concurrent_claims_in_threads_and_two_preparers(node: Node) -> None:
     assert errors == []
     assert len(checkpoint_claims(node)) == 7
     assert len(list(node.cdi_dir.glob("*.json"))) == 7
+
+
+def test_devices_of_an_interrupted_prepare_stay_reserved(node: Node) -> None:
+    p = node.preparer()
+    p.prepare(claim(devices=[("gpu", "gpu-6")]))
+    data = json.loads((node.state_dir / FILE_NAME).read_text())
+    data["claims"][UID]["state"] = "PrepareStarted"  # as if killed before completing
+    (node.state_dir / FILE_NAME).write_text(json.dumps(data))
+    with pytest.raises(PrepareError, match="'gpu-6' is already prepared"):
+        p.prepare(claim(uid=UID2, name="c2", devices=[("gpu", "gpu-6")]))
+    p.prepare(claim(devices=[("gpu", "gpu-6")]))  # its own retry rolls back and completes
+    assert checkpoint(node)["claims"][UID]["state"] == "PrepareCompleted"
+
+
+def test_runtime_host_paths_are_rewritten_for_the_container_runtime(node: Node) -> None:
+    from dra_driver.gpu.hostpaths import HostPaths
+
+    view = HostPaths(root=Path("/"), driver_root=Path("/run/nvidia/driver"))
+    node.preparer(runtime_host=view).prepare(claim())
+    spec = json.loads(spec_file(node).read_text())
+    assert spec["devices"][0]["containerEdits"]["deviceNodes"][0]["hostPath"] == "/dev/nvidia0"
+    mounts = {m["containerPath"]: m["hostPath"] for m in spec["containerEdits"]["mounts"]}
+    assert mounts["/usr/bin/nvidia-smi"] == "/run/nvidia/driver/usr/bin/nvidia-smi"
