@@ -143,8 +143,8 @@ class ClaimPreparer:
                     del cp.claims[claim.uid]
                     self._store.save(cp)
                 return self._prepare_locked(claim, cp, log)
-        except CheckpointError as exc:
-            raise PrepareError(str(exc)) from exc
+        except (CheckpointError, cdi.CdiError, OSError) as exc:
+            raise PrepareError(f"prepare claim {claim.uid}: {exc}") from exc
 
     def unprepare(self, ref: ClaimRef) -> None:
         log = claim_logger(self._log, ref.uid, ref.namespace, ref.name)
@@ -158,8 +158,8 @@ class ClaimPreparer:
                     del cp.claims[ref.uid]
                     self._store.save(cp)
                     log.info("claim unprepared")
-        except CheckpointError as exc:
-            raise PrepareError(str(exc)) from exc
+        except (CheckpointError, cdi.CdiError, OSError) as exc:
+            raise PrepareError(f"unprepare claim {ref.uid}: {exc}") from exc
 
     def prepared_claims(self) -> list[ClaimRef]:
         """Every claim with state on this node, completed or interrupted."""

@@ -176,3 +176,20 @@ def test_read_only_cdi_dir_fails_cleanly(node: Node, tiny_mount) -> None:
     with pytest.raises(PrepareError, match="not writable"):
         node.preparer().prepare(claim())
     assert json.loads((node.state_dir / "checkpoint.json").read_text())["claims"] == {}
+
+
+def test_unprepare_failure_keeps_the_claim_for_the_retry(node: Node, tiny_mount) -> None:
+    node.cdi_dir = tiny_mount("size=64k")
+    p = node.preparer()
+    c = claim()
+    p.prepare(c)
+    subprocess.run(["mount", "-o", "remount,ro", str(node.cdi_dir)], check=True)
+    try:
+        with pytest.raises(PrepareError, match=r"unprepare claim .*not writable"):
+            p.unprepare(c.ref)
+        assert [r.uid for r in p.prepared_claims()] == [c.uid]  # kept: the kubelet retries
+    finally:
+        subprocess.run(["mount", "-o", "remount,rw", str(node.cdi_dir)], check=True)
+    p.unprepare(c.ref)
+    assert p.prepared_claims() == []
+    assert list(node.cdi_dir.iterdir()) == []
