@@ -101,6 +101,7 @@ class KubeletHarness:
         self._replies: queue.Queue[str | None] = queue.Queue()
         self._lock = threading.Lock()
         self._next_id = 0
+        self._reader: threading.Thread | None = None
 
     @property
     def pid(self) -> int | None:
@@ -133,9 +134,10 @@ class KubeletHarness:
                 bufsize=1,
                 start_new_session=True,
             )
-        threading.Thread(
+        self._reader = threading.Thread(
             target=self._read, args=(self._proc, self._replies), daemon=True, name="harness-out"
-        ).start()
+        )
+        self._reader.start()
         ready = self._receive(timeout, "ready line")
         if not ready.get("ready"):
             raise HarnessError(f"unexpected first line from harness: {ready}", ready)
@@ -230,7 +232,10 @@ class KubeletHarness:
     def stop(self, grace: float = 10.0) -> None:
         """Ask the harness to exit; SIGTERM, then SIGKILL, by PID."""
         proc = self._proc
-        if proc is None or proc.poll() is not None:
+        if proc is None:
+            return
+        if proc.poll() is not None:
+            self._close_pipes(proc)
             return
         with contextlib.suppress(HarnessError, OSError, ValueError):
             self.call("shutdown", timeout=grace)
@@ -240,6 +245,16 @@ class KubeletHarness:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(proc.pid, signal.SIGKILL)
             proc.wait()
+        self._close_pipes(proc)
+
+    def _close_pipes(self, proc: subprocess.Popen[str]) -> None:
+        """Close our ends once the process is gone (the reader sees EOF first)."""
+        if self._reader is not None:
+            self._reader.join(timeout=5)
+        for pipe in (proc.stdin, proc.stdout):
+            if pipe is not None:
+                with contextlib.suppress(OSError):
+                    pipe.close()
 
     def kill(self) -> None:
         """SIGKILL, as when a kubelet crashes."""
@@ -247,6 +262,8 @@ class KubeletHarness:
         if proc is not None and proc.poll() is None:
             os.kill(proc.pid, signal.SIGKILL)
             proc.wait()
+        if proc is not None:
+            self._close_pipes(proc)
 
     def restart(self, *, kill: bool = False, timeout: float = 30.0) -> dict[str, Any]:
         """Stop (or SIGKILL) and start again with the same root dir and checkpoint."""

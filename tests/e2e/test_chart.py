@@ -107,8 +107,8 @@ def test_host_paths_are_mounted_at_the_same_path_and_probes_hit_the_health_port(
         assert mounts[name] == host[name], name
     assert host["plugins-registry"] == "/data/kubelet/plugins_registry"
     assert host["plugins"] == "/data/kubelet/plugins"
-    assert "--registry-dir=/data/kubelet/plugins_registry" in container["args"]
-    assert "--plugins-dir=/data/kubelet/plugins" in container["args"]
+    assert "--kubelet-registry-dir=/data/kubelet/plugins_registry" in container["args"]
+    assert "--kubelet-plugins-dir=/data/kubelet/plugins" in container["args"]
     assert "--health-port=9123" in container["args"]
     assert mounts["driver-root"] == "/driver-root"
     assert {m["name"]: m.get("readOnly", False) for m in container["volumeMounts"]}["driver-root"]

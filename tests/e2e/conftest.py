@@ -1,0 +1,71 @@
+"""Full-stack fixtures: our plugin (subprocess, own ServiceAccount) on an
+emulated GPU node, the kubelet's own DRA code (Go kubelet harness), the real
+CDI library and runc. Missing pieces fail the tests; nothing is skipped."""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from dra_driver.demo.kubeletharness import HarnessError, find_harness
+from dra_driver.demo.runtime import ContainerRuntime, ContainerRuntimeError, find_cdi_harness
+from dra_driver.demo.stack import GpuNode, install_driver_objects
+from dra_driver.devcluster import Cluster
+from tests.e2e.helm import MANIFESTS, ROOT
+
+
+@pytest.fixture(scope="session")
+def kubelet_harness_binary() -> Path:
+    try:
+        return find_harness(ROOT)
+    except HarnessError as err:
+        pytest.fail(str(err), pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def container_runtime(tmp_path_factory: pytest.TempPathFactory) -> ContainerRuntime:
+    try:
+        return ContainerRuntime(
+            cdi_harness=find_cdi_harness(ROOT), workdir=tmp_path_factory.mktemp("runtime")
+        )
+    except ContainerRuntimeError as err:
+        pytest.fail(str(err), pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def driver_objects(cluster: Cluster) -> list[str]:
+    """RBAC, admission policy and DeviceClasses exactly as the chart renders them."""
+    return install_driver_objects(cluster, MANIFESTS)
+
+
+def start_node(
+    cluster: Cluster, binary: Path, tmp: Path, profile: str, prefix: str = "e2e"
+) -> GpuNode:
+    node = GpuNode(
+        cluster=cluster,
+        name=f"{prefix}-{profile}-{secrets.token_hex(3)}",
+        profile=profile,
+        workdir=tmp,
+        harness_binary=binary,
+    )
+    try:
+        node.start()
+    except BaseException:
+        node.stop()
+        raise
+    return node
+
+
+@pytest.fixture(scope="module")
+def a100_node(
+    cluster: Cluster,
+    driver_objects: list[str],
+    kubelet_harness_binary: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[GpuNode]:
+    node = start_node(cluster, kubelet_harness_binary, tmp_path_factory.mktemp("a100"), "dgx-a100")
+    yield node
+    node.stop()
