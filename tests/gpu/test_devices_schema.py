@@ -1,0 +1,54 @@
+"""The slices we emit (and our DeviceClasses) against the Kubernetes 1.34 and 1.37 schemas."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from dra_driver.commands.slices import resource_slices
+from dra_driver.gpu.emulation import BUILTIN_PROFILES
+
+VERSIONS = ("1.34", "1.37")
+DEVICECLASSES = Path(__file__).parents[2] / "deploy" / "deviceclasses"
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("profile", BUILTIN_PROFILES)
+def test_slices_match_the_api_schema(make_node, discover_node, profile: str, version: str) -> None:
+    slices = resource_slices(
+        discover_node(make_node(profile)),
+        driver_name="gpu.nvidia.com",
+        node_name="node-a",
+        node_uid="8d9c6a5e-6a8a-4d7e-9b9e-2f1a3c4d5e6f",
+    )
+    assert slices and all(s["spec"]["devices"] for s in slices)
+    for obj in slices:
+        assert kubernetes_validate.validate(obj, version, strict=True) == version
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_schema_check_is_not_a_no_op(make_node, discover_node, version: str) -> None:
+    (obj,) = resource_slices(
+        discover_node(make_node("t4")), driver_name="gpu.nvidia.com", node_name="n"
+    )
+    broken = copy.deepcopy(obj)
+    broken["spec"]["devices"][0]["attributes"]["uuid"] = {"text": "GPU-x"}  # no such member
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(broken, version, strict=True)
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("name", ["gpu.nvidia.com", "mig.nvidia.com"])
+def test_deviceclasses_match_the_api_schema(name: str, version: str) -> None:
+    obj = yaml.safe_load((DEVICECLASSES / f"{name}.yaml").read_text())
+    assert obj["metadata"]["name"] == name
+    kind = "gpu" if name.startswith("gpu.") else "mig"
+    assert obj["spec"]["selectors"] == [
+        {"cel": {"expression": "device.driver == 'gpu.nvidia.com' && "
+                 f"device.attributes['gpu.nvidia.com'].type == '{kind}'"}}
+    ]  # fmt: skip
+    kubernetes_validate.validate(obj, version, strict=True)
