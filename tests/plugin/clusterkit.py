@@ -93,8 +93,8 @@ def start_plugin_on_node(
         settings=PluginSettings(
             driver_name=driver,
             node_name=node["metadata"]["name"],
-            registry_dir=sockets_dir / "registry",
-            plugins_dir=sockets_dir / "plugins",
+            registry_dir=settings.pop("registry_dir", sockets_dir / "registry"),
+            plugins_dir=settings.pop("plugins_dir", sockets_dir / "plugins"),
             kubeconfig=kubeconfig,
             resync_interval_s=settings.pop("resync_interval_s", 30.0),
             **settings,
