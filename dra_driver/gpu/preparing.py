@@ -134,11 +134,15 @@ class ClaimPreparer:
             with self._store.locked() as cp:
                 self._drop_stale(cp, log)
                 entry = cp.claims.get(claim.uid)
+                spec = cdi.transient_spec_path(self._cdi_dir, self.kind, claim.uid)
                 if entry is not None and entry.get("state") == COMPLETED:
-                    log.debug("claim already prepared")
-                    return devices_from_json(entry)
-                if entry is not None:
+                    if spec.exists():
+                        log.debug("claim already prepared")
+                        return devices_from_json(entry)
+                    log.warning("CDI spec %s vanished; preparing the claim again", spec)
+                elif entry is not None:
                     log.warning("rolling back an interrupted prepare")
+                if entry is not None:
                     self._undo(claim.uid, entry, log)
                     del cp.claims[claim.uid]
                     self._store.save(cp)

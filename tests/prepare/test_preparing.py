@@ -311,3 +311,11 @@ def test_runtime_host_paths_are_rewritten_for_the_container_runtime(node: Node) 
     assert spec["devices"][0]["containerEdits"]["deviceNodes"][0]["hostPath"] == "/dev/nvidia0"
     mounts = {m["containerPath"]: m["hostPath"] for m in spec["containerEdits"]["mounts"]}
     assert mounts["/usr/bin/nvidia-smi"] == "/run/nvidia/driver/usr/bin/nvidia-smi"
+
+
+def test_vanished_spec_is_recreated_by_the_next_prepare(node: Node) -> None:
+    p = node.preparer()
+    first = p.prepare(claim())
+    spec_file(node).unlink()  # e.g. /var/run/cdi emptied by hand
+    assert p.prepare(claim()) == first
+    assert json.loads(spec_file(node).read_text())["devices"][0]["name"] == f"{UID}-gpu-0"
