@@ -1,0 +1,98 @@
+"""Helpers the full-stack scenarios share: claims of pods, plugin log lookups."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from dra_driver.demo.stack import RESOURCE_API, GpuNode, load_examples, pin_to_node
+from dra_driver.devcluster import Cluster, wait_until
+from tests.e2e.helm import ROOT
+
+EXAMPLES = ROOT / "deploy" / "examples"
+
+
+def apply_example(cluster: Cluster, node: GpuNode, name: str, namespace: str) -> None:
+    cluster.apply(pin_to_node(load_examples(EXAMPLES / name, namespace), node.name))
+
+
+def claim_name_of(cluster: Cluster, namespace: str, pod: str, pod_claim: str) -> str:
+    obj = cluster.rest.get(f"/api/v1/namespaces/{namespace}/pods/{pod}")
+    for entry in obj["spec"]["resourceClaims"]:
+        if entry["name"] == pod_claim and entry.get("resourceClaimName"):
+            return str(entry["resourceClaimName"])
+    for status in obj["status"].get("resourceClaimStatuses") or []:
+        if status["name"] == pod_claim:
+            return str(status["resourceClaimName"])
+    raise AssertionError(f"pod {namespace}/{pod} has no claim {pod_claim}")
+
+
+def get_claim(cluster: Cluster, namespace: str, name: str) -> dict[str, Any]:
+    return cluster.rest.get(f"{RESOURCE_API}/namespaces/{namespace}/resourceclaims/{name}")
+
+
+def results(claim: dict[str, Any]) -> list[dict[str, Any]]:
+    return list(claim["status"]["allocation"]["devices"]["results"])
+
+
+def wait_deallocated(cluster: Cluster, namespace: str, name: str) -> None:
+    """A standalone claim: reservation removed and allocation cleared by the controller."""
+
+    def done() -> bool:
+        status = get_claim(cluster, namespace, name).get("status") or {}
+        return not status.get("reservedFor") and not status.get("allocation")
+
+    wait_until(
+        done, timeout=30, what=f"claim {namespace}/{name} deallocated",
+        describe=lambda: json.dumps(get_claim(cluster, namespace, name).get("status")),
+    )  # fmt: skip
+
+
+def plugin_records(node: GpuNode, claim_uid: str, msg: str) -> list[dict[str, Any]]:
+    return [
+        r for r in node.plugin_log_records()
+        if r.get("claim_uid") == claim_uid and r.get("msg", "").startswith(msg)
+    ]  # fmt: skip
+
+
+def device_attributes(node: GpuNode, device: str) -> dict[str, Any]:
+    for s in node.slices():
+        for d in s["spec"].get("devices") or []:
+            if d["name"] == device:
+                return {k: next(iter(v.values())) for k, v in d.get("attributes", {}).items()}
+    raise AssertionError(f"device {device} not published on {node.name}")
+
+
+def gpu_device_nodes(stdout: str) -> list[str]:
+    """``/dev/nvidiaN`` entries a container listed (not the control nodes)."""
+    return sorted(
+        w
+        for w in stdout.split()
+        if w.startswith("/dev/nvidia") and w[len("/dev/nvidia") :].isdigit()
+    )
+
+
+def container_env(stdout: str) -> dict[str, str]:
+    return dict(
+        line.split("=", 1) for line in stdout.splitlines() if "=" in line and " " not in line
+    )
+
+
+def tool_calls(node: GpuNode) -> list[dict[str, Any]]:
+    """Invocations of the emulated nvidia-smi / nvidia-cuda-mps-control on the node."""
+    record = node.host_root / "emulation" / "tools.jsonl"
+    if not record.exists():
+        return []
+    return [json.loads(line) for line in record.read_text().splitlines() if line.strip()]
+
+
+def pids_alive(pids: list[int]) -> list[int]:
+    return [p for p in pids if Path(f"/proc/{p}").exists() and "zombie" not in _state(p)]
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/status").read_text().split("State:")[1].split("\n")[0].lower()
+    except (OSError, IndexError):
+        return "zombie"
