@@ -319,3 +319,24 @@ def test_vanished_spec_is_recreated_by_the_next_prepare(node: Node) -> None:
     spec_file(node).unlink()  # e.g. /var/run/cdi emptied by hand
     assert p.prepare(claim()) == first
     assert json.loads(spec_file(node).read_text())["devices"][0]["name"] == f"{UID}-gpu-0"
+
+
+def test_mig_sharing_mps_uses_mig_uuid_and_time_slicing_is_a_no_op(node: Node) -> None:
+    p = node.preparer()
+    mig_b = node.inventory.gpus[7].mig_instances[1]
+    ts = gpu_config({"strategy": "TimeSlicing"}, kind="MigDeviceConfig", requests=("a",))
+    mps = gpu_config({"strategy": "MPS"}, kind="MigDeviceConfig", requests=("b",))
+    p.prepare(
+        claim(
+            devices=[("a", "gpu-7-mig-1g10gb-19-2"), ("b", "gpu-7-mig-1g10gb-19-6")],
+            configs=[ts, mps],
+        )
+    )
+    assert node.calls("nvidia-smi") == []  # no compute mode or timeslice on MIG devices
+    [start] = [c for c in node.calls("nvidia-cuda-mps-control") if c["argv"] == ["-d"]]
+    assert start["env"]["CUDA_VISIBLE_DEVICES"] == mig_b.uuid
+    spec = json.loads(spec_file(node).read_text())
+    envs = [d["containerEdits"].get("env", []) for d in spec["devices"]]
+    assert envs == [[], ["CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps"]]
+    p.unprepare(ClaimRef("ns", "c1", UID))
+    assert node.live_daemons() == []
