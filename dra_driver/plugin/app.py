@@ -50,6 +50,7 @@ from dra_driver.plugin.registration import (
     RegistrationState,
     supported_versions,
 )
+from dra_driver.plugin.slices import validate_names
 from dra_driver.plugin.sockets import (
     FileLock,
     SocketPaths,
@@ -139,6 +140,7 @@ class KubeletPlugin:
         kube_config: KubeConfig | None = None,
     ) -> None:
         """``environ`` is only read for in-cluster config; ``kube_config`` overrides both."""
+        validate_names(settings.driver_name, settings.node_name)
         self.settings = settings
         self._backend = backend
         self._log = logger

@@ -224,8 +224,9 @@ class SlicePublisher:
     # -- one sync ------------------------------------------------------------
 
     def _owner_uid(self) -> str:
-        if self._node_uid is None:
-            self._node_uid = str(self._client.get_node(self._node)["metadata"]["uid"])
+        """Looked up on every sync: a re-created Node has a new UID, and slices owned by
+        the old one would be garbage-collected right after each repair."""
+        self._node_uid = str(self._client.get_node(self._node)["metadata"]["uid"])
         return self._node_uid
 
     def _up_to_date(self, have: Obj, want: Obj) -> bool:

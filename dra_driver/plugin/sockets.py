@@ -46,8 +46,11 @@ class SocketPaths:
 def socket_paths(
     *, driver: str, registry_dir: Path, plugins_dir: Path, rolling_update_uid: str | None
 ) -> SocketPaths:
-    """Where this plugin instance listens; UID-suffixed in rolling-update mode."""
-    plugin_dir = plugins_dir / driver
+    """Where this plugin instance listens; UID-suffixed in rolling-update mode.
+
+    Paths are made absolute: the kubelet rejects a relative endpoint."""
+    registry_dir = registry_dir.absolute()
+    plugin_dir = plugins_dir.absolute() / driver
     if rolling_update_uid:
         reg = registry_dir / f"{driver}-{rolling_update_uid}-reg.sock"
         if len(os.fsencode(reg)) > MAX_SOCKET_PATH:

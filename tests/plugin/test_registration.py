@@ -135,3 +135,31 @@ def test_rolling_update_registration_name_is_hashed_when_too_long() -> None:
     )
     assert len(os.fsencode(paths.registration)) <= 107
     assert paths.registration.name.endswith("-reg.sock")
+
+
+def test_relative_directories_still_give_an_absolute_endpoint() -> None:
+    paths = socket_paths(
+        driver=DRIVER,
+        registry_dir=Path("reg"),
+        plugins_dir=Path("plugins"),
+        rolling_update_uid=None,
+    )
+    assert paths.dra.is_absolute() and paths.registration.is_absolute()
+
+
+def test_invalid_driver_name_is_rejected_before_anything_is_created(short_dir: Path) -> None:
+    import logging
+
+    from dra_driver.plugin.app import KubeletPlugin, PluginSettings
+    from dra_driver.plugin.slices import SliceValidationError
+    from tests.plugin.fakes import FakeBackend
+
+    settings = PluginSettings(
+        driver_name="GPU_Driver",
+        node_name="node-a",
+        registry_dir=short_dir / "r",
+        plugins_dir=short_dir / "p",
+    )
+    with pytest.raises(SliceValidationError, match="driver: 'GPU_Driver' must be a DNS subdomain"):
+        KubeletPlugin(settings=settings, backend=FakeBackend(), logger=logging.getLogger("t"))
+    assert list(short_dir.iterdir()) == []
