@@ -76,7 +76,7 @@ def serve(args: argparse.Namespace) -> int:
             plugins_dir=Path(args.dir) / "plugins",
             kubeconfig=Path(args.kubeconfig),
         ),
-        backend=BenchBackend(8),  # type: ignore[arg-type]
+        backend=BenchBackend(8),
         logger=logging.getLogger("bench.plugin"),
     )
     plugin.start()

@@ -231,8 +231,8 @@ class FakeApiServer:
 
     @property
     def config(self) -> KubeConfig:
-        host, port = self._httpd.server_address[:2]
-        return KubeConfig(server=f"http://{host}:{port}", token="test-token")
+        port = self._httpd.server_address[1]
+        return KubeConfig(server=f"http://127.0.0.1:{port}", token="test-token")
 
     def _outage(self) -> bool:
         with self._lock:

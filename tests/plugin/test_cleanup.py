@@ -43,7 +43,7 @@ def test_unprepares_claims_that_are_gone_or_recreated(api: FakeApiServer) -> Non
     client.close()
 
 
-def test_cleanup_runs_once_at_start(start_plugin) -> None:  # type: ignore[no-untyped-def]
+def test_cleanup_runs_once_at_start(start_plugin) -> None:
     backend = FakeBackend()
     backend.prepared = {GONE.uid: GONE}
     run = start_plugin(backend, cleanup_interval_s=3600)

@@ -249,7 +249,7 @@ def test_policy_rejects_writing_another_nodes_slice(
     _in_sync(on_node)
     other = cluster.create_node(unique("other-node"))
     client = KubeClient(load_kubeconfig(on_node.kubeconfig))
-    foreign = {
+    foreign: dict[str, Any] = {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceSlice",
         "metadata": {"name": unique("foreign")},

@@ -71,7 +71,8 @@ def test_in_cluster_config_uses_the_passed_environment(tmp_path: Path) -> None:
 def test_claim_get_and_not_found_mapping(api: FakeApiServer, tmp_path: Path) -> None:
     api.add_claim(claim_object("c", "u-1"))
     client = KubeClient(api.config)
-    assert client.get_resource_claim("default", "c")["metadata"]["uid"] == "u-1"
+    claim = client.get_resource_claim("default", "c")
+    assert claim is not None and claim["metadata"]["uid"] == "u-1"
     assert client.get_resource_claim("default", "nope") is None
     with pytest.raises(NotFoundError):
         client.get_node("missing")

@@ -7,6 +7,7 @@ import socket
 import stat
 import time
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -18,7 +19,7 @@ from tests.plugin.conftest import StartPlugin
 from tests.plugin.fakes import DRIVER
 
 
-def _get_info(path: Path) -> reg_pb.PluginInfo:
+def _get_info(path: Path) -> Any:
     with grpc.insecure_channel(f"unix:{path}") as ch:
         return reg_grpc.RegistrationStub(ch).GetInfo(reg_pb.InfoRequest(), timeout=1)
 
