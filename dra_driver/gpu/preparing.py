@@ -292,6 +292,8 @@ class ClaimPreparer:
         for group in plan.mps:
             self._mps.make_dirs(group.daemon_id)
             self._on_step(f"mps-dirs:{group.daemon_id}")
+            self._mps.mount_shm(group.daemon_id)
+            self._on_step(f"mps-shm:{group.daemon_id}")
             self._mps.start(group.daemon_id, group.uuids)
             self._on_step(f"mps-daemon:{group.daemon_id}")
             self._mps.set_limits(group.daemon_id, group.uuids, group.mps, group.limits)

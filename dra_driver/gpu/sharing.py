@@ -8,7 +8,12 @@ timeslice 0 (Default). MIG devices are always time-sliced and take no setting.
 MPS: one control daemon per claim and config group, id
 ``<claimUID>-<5 hex of sha256(uuids)>``, under ``<state_dir>/mps/<id>/`` with
 ``pipe/`` (``CUDA_MPS_PIPE_DIRECTORY``, bind-mounted into the container at
-``/tmp/nvidia-mps``) and ``log/`` (``CUDA_MPS_LOG_DIRECTORY``, daemon only).
+``/tmp/nvidia-mps``), ``log/`` (``CUDA_MPS_LOG_DIRECTORY``, daemon only) and
+``shm/``: a tmpfs (half of RAM by default, like NVIDIA's) that is the
+container's ``/dev/shm`` and, through :mod:`dra_driver.gpu.mpslaunch`, the
+daemon's too, because MPS clients and server share memory there. The state
+dir must therefore be a mount point with bidirectional propagation in the
+plugin pod (it is under the kubelet plugins dir), so the runtime sees the tmpfs.
 Full GPUs are switched to ``EXCLUSIVE_PROCESS`` so only the MPS server can use
 them. Limits are daemon commands on stdin. The daemon is found again by its
 environment (``/proc/<pid>/environ`` naming our pipe dir), not by a stored
@@ -26,6 +31,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -54,6 +60,9 @@ class GpuTools:
     """Extra environment, e.g. ``LD_LIBRARY_PATH`` to the driver root's libraries."""
     proc: Path = Path("/proc")
     """This machine's procfs, used to find MPS daemons (not the emulated host's)."""
+    mps_shm_size: str | None = "50%"
+    """tmpfs ``size=`` of each MPS claim's shared ``/dev/shm``; None: no tmpfs and no
+    separate ``/dev/shm`` for the daemon (only where CAP_SYS_ADMIN is missing)."""
 
 
 class GpuCommands:
@@ -134,16 +143,16 @@ class MpsDaemons:
     def pipe_dir(self, daemon_id: str) -> Path:
         return self.base(daemon_id) / "pipe"
 
+    def shm_dir(self, daemon_id: str) -> Path:
+        return self.base(daemon_id) / "shm"
+
     def container_edits(self, daemon_id: str) -> ContainerEdits:
+        rw = ("rw", "nosuid", "nodev", "bind")
+        mounts = [Mount(str(self.pipe_dir(daemon_id)), MPS_CONTAINER_PIPE, rw)]
+        if self._tools.mps_shm_size is not None:
+            mounts.append(Mount(str(self.shm_dir(daemon_id)), "/dev/shm", rw))
         return ContainerEdits(
-            env=(f"CUDA_MPS_PIPE_DIRECTORY={MPS_CONTAINER_PIPE}",),
-            mounts=(
-                Mount(
-                    host_path=str(self.pipe_dir(daemon_id)),
-                    container_path=MPS_CONTAINER_PIPE,
-                    options=("rw", "nosuid", "nodev", "bind"),
-                ),
-            ),
+            env=(f"CUDA_MPS_PIPE_DIRECTORY={MPS_CONTAINER_PIPE}",), mounts=tuple(mounts)
         )
 
     def _env(self, daemon_id: str, uuids: Sequence[str]) -> dict[str, str]:
@@ -155,14 +164,38 @@ class MpsDaemons:
 
     def make_dirs(self, daemon_id: str) -> None:
         base = self.base(daemon_id)
-        for d in (base, base / "pipe", base / "log"):
+        for d in (base, base / "pipe", base / "log", base / "shm"):
             d.mkdir(mode=0o755, parents=True, exist_ok=True)
+
+    def mount_shm(self, daemon_id: str) -> None:
+        shm = self.shm_dir(daemon_id)
+        if self._tools.mps_shm_size is None or self._mounted(shm):
+            return
+        options = f"size={self._tools.mps_shm_size},mode=1777,nosuid,nodev"
+        self._cmd.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(shm)])
+
+    def _mounted(self, path: Path) -> bool:
+        return str(path) in self._mount_points()
+
+    def _mount_points(self) -> set[str]:
+        """Mount points of this process, from mountinfo (octal escapes decoded)."""
+        points = set()
+        for line in (self._tools.proc / "self" / "mountinfo").read_text().splitlines():
+            fields = line.split()
+            if len(fields) > 4:
+                points.add(fields[4].encode().decode("unicode_escape"))
+        return points
 
     def start(self, daemon_id: str, uuids: Sequence[str]) -> None:
         if self.running(daemon_id):
             self.stop(daemon_id)
             self.make_dirs(daemon_id)
-        self._cmd.run([str(self._tools.mps_control), "-d"], env=self._env(daemon_id, uuids))
+            self.mount_shm(daemon_id)
+        argv = [str(self._tools.mps_control), "-d"]
+        if self._tools.mps_shm_size is not None:
+            shm = str(self.shm_dir(daemon_id))
+            argv = [sys.executable, "-m", "dra_driver.gpu.mpslaunch", shm, *argv]
+        self._cmd.run(argv, env=self._env(daemon_id, uuids))
 
     def set_limits(
         self, daemon_id: str, uuids: Sequence[str], mps: Mps, limits: Mapping[str, int]
@@ -217,6 +250,12 @@ class MpsDaemons:
                     os.kill(pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
+        shm = self.shm_dir(daemon_id)
+        if self._mounted(shm):
+            try:
+                self._cmd.run(["umount", str(shm)])
+            except ToolError:
+                self._cmd.run(["umount", "--lazy", str(shm)])
         shutil.rmtree(self.base(daemon_id), ignore_errors=True)
 
     def ids_for_claim(self, claim_uid: str) -> list[str]:

@@ -132,6 +132,15 @@ class Node:
     def calls(self, tool: str | None = None) -> list[dict[str, object]]:
         return [c for c in gputools.read_record(self.record) if tool is None or c["tool"] == tool]
 
+    def mounts(self) -> list[str]:
+        """Mount points under this node's root (MPS shm tmpfs) in this process's view."""
+        found = []
+        for line in Path("/proc/self/mountinfo").read_text().splitlines():
+            point = line.split()[4].encode().decode("unicode_escape")
+            if point.startswith(f"{self.root}/"):
+                found.append(point)
+        return found
+
     def live_daemons(self) -> list[int]:
         """Live emulated MPS processes started for this node (by record file)."""
         pids = []

@@ -40,6 +40,7 @@ def assert_clean(node: Node) -> None:
     assert json.loads((node.state_dir / "checkpoint.json").read_text())["claims"] == {}
     leftovers = [p.name for p in node.state_dir.iterdir() if p.name.endswith(".tmp")]
     assert leftovers == []
+    assert node.mounts() == []
 
 
 def all_steps(node: Node) -> list[str]:
@@ -60,6 +61,7 @@ def test_steps_cover_every_side_effect(node: Node) -> None:
         "compute-mode",
         "compute-mode",
         "mps-dirs",
+        "mps-shm",
         "mps-daemon",
         "mps-limits",
         "cdi-spec",

@@ -225,15 +225,20 @@ def test_mps_daemon_is_real_limited_and_stopped(node: Node) -> None:
         f"set_default_device_pinned_mem_limit {gpus[5].uuid} 4096M",
     ]
     spec = json.loads(spec_file(node).read_text())
+    shm = pipe.removesuffix("/pipe") + "/shm"
     for dev in spec["devices"]:
         edits = dev["containerEdits"]
         assert "CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps" in edits["env"]
-        assert edits["mounts"][0]["hostPath"] == pipe
-        assert edits["mounts"][0]["containerPath"] == "/tmp/nvidia-mps"
+        mounts = {m["containerPath"]: m["hostPath"] for m in edits["mounts"]}
+        assert mounts == {"/tmp/nvidia-mps": pipe, "/dev/shm": shm}
     assert len(result) == 2
+    assert node.mounts() == [shm]  # a tmpfs, shared by the daemon and the containers
+    [daemon_pid] = node.live_daemons()
+    assert (Path(shm) / f"nvidia-mps-emulated.{daemon_pid}").read_text() == pipe + "\n"
 
     p.unprepare(ClaimRef("ns", "c1", UID))
     assert node.live_daemons() == []
+    assert node.mounts() == []
     assert not (node.state_dir / "mps").exists() or list((node.state_dir / "mps").iterdir()) == []
     assert ["-i", gpus[4].uuid, "-c", "DEFAULT"] in [c["argv"] for c in node.calls("nvidia-smi")]
     assert any(c.get("stdin") == "quit\n" for c in node.calls("nvidia-cuda-mps-control"))

@@ -102,6 +102,7 @@ for f in /usr/lib/x86_64-linux-gnu/libcuda.so.1 /usr/bin/nvidia-smi; do
   test -f $f && echo "FILE:$f"
 done
 test -p /tmp/nvidia-mps/control && echo "MPS:control-pipe"
+echo "SHM:$(ls /dev/shm | tr '\n' ' ')"
 """
 
 
@@ -168,6 +169,8 @@ def test_container_sees_exactly_its_devices_env_and_mounts(harness: Path, tmp_pa
         assert "FILE:/usr/lib/x86_64-linux-gnu/libcuda.so.1" in lines
         assert "FILE:/usr/bin/nvidia-smi" in lines
         assert "MPS:control-pipe" in lines  # the claim's live MPS daemon pipe, mounted
+        shm = next(line for line in lines if line.startswith("SHM:"))
+        assert "nvidia-mps-emulated." in shm  # the daemon's /dev/shm is the container's
     finally:
         subprocess.run([need("runc"), "--root", str(state), "delete", "-f", f"t-{uid[:8]}"],
                        capture_output=True, check=False)  # fmt: skip

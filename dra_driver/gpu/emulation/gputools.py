@@ -10,7 +10,9 @@ the driver ran, not which functions it called.
 detaches like the real one: the starting command returns once the daemon is
 ready). The daemon reads control commands from a FIFO named ``control`` in
 ``$CUDA_MPS_PIPE_DIRECTORY``, records each, and exits on ``quit`` or SIGTERM.
-Without ``-d`` the tool forwards its stdin lines to that FIFO.
+Without ``-d`` the tool forwards its stdin lines to that FIFO. The daemon also
+writes ``/dev/shm/nvidia-mps-emulated.<pid>`` so tests can see which
+``/dev/shm`` it shares with the containers.
 
 Faults: if ``<record>.fail`` exists, any invocation whose space-joined argv
 contains one of its lines exits 1 with a message, like a failing tool.
@@ -154,13 +156,20 @@ def _start_daemon(record: Path) -> int:
 
 
 def _daemon_loop(record: Path, control: Path, log_dir: Path, ready_w: int) -> None:
+    pipe_dir = control.parent
+
     def stop(_sig: int, _frame: object) -> None:
+        marker.unlink(missing_ok=True)
         control.unlink(missing_ok=True)
         _append(record, {"tool": "mps-daemon", "pid": os.getpid(), "event": "terminated"})
         os._exit(0)
 
     signal.signal(signal.SIGTERM, stop)
     fd = os.open(control, os.O_RDWR)  # RDWR: never sees EOF when a client closes
+    # Shows which /dev/shm the daemon uses: the claim's tmpfs when started through
+    # dra_driver.gpu.mpslaunch (tests look for it there and inside the container).
+    marker = Path("/dev/shm") / f"nvidia-mps-emulated.{os.getpid()}"
+    marker.write_text(str(pipe_dir) + "\n")
     _append(
         record, {"tool": "mps-daemon", "pid": os.getpid(), "event": "started", "env": _mps_env()}
     )
@@ -183,6 +192,7 @@ def _daemon_loop(record: Path, control: Path, log_dir: Path, ready_w: int) -> No
                     continue
                 _append(record, {"tool": "mps-daemon", "pid": os.getpid(), "command": command})
                 if command == "quit":
+                    marker.unlink(missing_ok=True)
                     control.unlink(missing_ok=True)
                     return
 
