@@ -7,8 +7,9 @@ Prepare, under the node-wide checkpoint lock:
 2. Plan without side effects: map device names to the inventory, decode and
    validate opaque configs, refuse devices another claim holds (unless either
    side has admin access). Bad input fails here and nothing is written.
-3. Record ``PrepareStarted`` with the plan, then apply: compute mode and
-   time-slice, MPS dirs, daemon and limits, then the claim's CDI spec.
+3. Record ``PrepareStarted`` with the plan and the devices, then apply: compute
+   mode and time-slice, MPS dirs, shm tmpfs, daemon and limits, then the
+   claim's CDI spec.
 4. Record ``PrepareCompleted`` with the result.
 
 Any failure in 3 rolls back everything planned and drops the entry. Unprepare
@@ -147,7 +148,7 @@ class ClaimPreparer:
                     del cp.claims[claim.uid]
                     self._store.save(cp)
                 return self._prepare_locked(claim, cp, log)
-        except (CheckpointError, cdi.CdiError, OSError) as exc:
+        except (CheckpointError, cdi.CdiError, ToolError, OSError) as exc:
             raise PrepareError(f"prepare claim {claim.uid}: {exc}") from exc
 
     def unprepare(self, ref: ClaimRef) -> None:
@@ -162,7 +163,7 @@ class ClaimPreparer:
                     del cp.claims[ref.uid]
                     self._store.save(cp)
                     log.info("claim unprepared")
-        except (CheckpointError, cdi.CdiError, OSError) as exc:
+        except (CheckpointError, cdi.CdiError, ToolError, OSError) as exc:
             raise PrepareError(f"unprepare claim {ref.uid}: {exc}") from exc
 
     def prepared_claims(self) -> list[ClaimRef]:
@@ -214,7 +215,7 @@ class ClaimPreparer:
             self._undo(uid, cp.claims[uid], log)
             del cp.claims[uid]
             self._store.save(cp)
-        except (cdi.CdiError, CheckpointError, OSError) as exc:
+        except (cdi.CdiError, CheckpointError, ToolError, OSError) as exc:
             log.error("rollback incomplete, the next call retries it: %s", exc)
 
     def _plan(self, claim: Claim, inventory: Inventory, cp: Checkpoint) -> _Plan:

@@ -345,3 +345,15 @@ def test_mig_sharing_mps_uses_mig_uuid_and_time_slicing_is_a_no_op(node: Node) -
     assert envs == [[], ["CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps"]]
     p.unprepare(ClaimRef("ns", "c1", UID))
     assert node.live_daemons() == []
+
+
+def test_mps_daemon_start_failure_rolls_back_dirs_and_shm(node: Node) -> None:
+    node.record.with_name(node.record.name + ".fail").write_text("nvidia-cuda-mps-control -d\n")
+    p = node.preparer()
+    with pytest.raises(PrepareError, match="injected failure"):
+        p.prepare(claim(configs=[gpu_config({"strategy": "MPS"})]))
+    assert node.mounts() == []
+    assert list((node.state_dir / "mps").iterdir()) == []
+    assert checkpoint_claims(node) == {}
+    uuid = node.inventory.gpus[0].uuid
+    assert [c["argv"] for c in node.calls("nvidia-smi")][-1] == ["-i", uuid, "-c", "DEFAULT"]
