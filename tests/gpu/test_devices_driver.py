@@ -1,0 +1,103 @@
+"""GpuDriver: the DeviceBackend composing discovery, devices and claim preparation."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+
+from dra_driver.gpu.discovery import DiscoveryError, discover
+from dra_driver.gpu.driver import GpuDriver
+from dra_driver.gpu.emulation import EmulatedNode, gputools
+from dra_driver.gpu.emulation.hosttree import ci_cap_minor, gi_cap_minor
+from dra_driver.gpu.inventory import Inventory
+from dra_driver.gpu.sharing import GpuTools
+from dra_driver.plugin.claims import AllocatedDevice, Claim, ClaimRef
+
+LOG = logging.getLogger("tests.gpu.driver")
+UID = "6f1d3c2a-9b8e-4f7d-a1c2-3e4f5a6b7c8d"
+
+
+def _driver(node: EmulatedNode, tmp_path: Path, discover_fn=None) -> GpuDriver:
+    tools = gputools.install(node.bin_dir, tmp_path / "tools.jsonl")
+    return GpuDriver(
+        driver_name="gpu.nvidia.com",
+        discover=discover_fn or (lambda: discover(node.host, LOG)),
+        host=node.host,
+        cdi_dir=tmp_path / "cdi",
+        state_dir=tmp_path / "state",
+        tools=GpuTools(
+            nvidia_smi=tools["nvidia-smi"], mps_control=tools["nvidia-cuda-mps-control"]
+        ),
+        logger=LOG,
+    )
+
+
+def test_refresh_drops_a_vanished_gpu_and_reports_change_once(make_node, tmp_path: Path) -> None:
+    node = make_node("l4-x4")
+    with node.nvml():
+        driver = _driver(node, tmp_path)
+        assert [d.name for d in driver.pool().devices] == ["gpu-0", "gpu-1", "gpu-2", "gpu-3"]
+        assert driver.refresh() is False  # nothing changed
+        node.remove_gpu(3)  # minor 1
+        assert driver.refresh() is True
+        assert [d.name for d in driver.pool().devices] == ["gpu-0", "gpu-2", "gpu-3"]
+        assert len(driver.inventory().gpus) == 3
+        assert driver.refresh() is False
+
+
+def test_failed_rediscovery_keeps_the_last_inventory(make_node, tmp_path: Path) -> None:
+    node = make_node("t4")
+    results: list[Inventory | Exception] = []
+
+    def flaky() -> Inventory:
+        outcome = results.pop(0)
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
+
+    with node.nvml():
+        results.append(discover(node.host, LOG))
+    driver = _driver(node, tmp_path, flaky)
+    before = driver.pool()
+    results.append(DiscoveryError("NVML went away"))
+    assert driver.refresh() is False
+    assert driver.pool() == before and len(before.devices) == 1
+
+
+def test_first_discovery_failure_fails_construction(make_node, tmp_path: Path) -> None:
+    node = make_node("t4")
+
+    def broken() -> Inventory:
+        raise DiscoveryError("cannot initialise NVML")
+
+    with pytest.raises(DiscoveryError):
+        _driver(node, tmp_path, broken)
+
+
+def test_claims_are_prepared_by_the_preparer_against_current_inventory(
+    make_node, tmp_path: Path
+) -> None:
+    node = make_node("dgx-a100-mig")
+    with node.nvml():
+        driver = _driver(node, tmp_path)
+    claim = Claim(
+        ref=ClaimRef(namespace="ns", name="c", uid=UID),
+        devices=(AllocatedDevice(request="gpu", pool="node-a", device="gpu-0-mig-2g20gb-14-4"),),
+    )
+    (prepared,) = driver.prepare(claim)
+    assert prepared.device_name == "gpu-0-mig-2g20gb-14-4" and prepared.request_names == ("gpu",)
+    assert [r.uid for r in driver.prepared_claims()] == [UID]
+    (spec_file,) = (tmp_path / "cdi").iterdir()
+    (device,) = json.loads(spec_file.read_text())["devices"]
+    nodes = {(n["path"], n["major"], n["minor"]) for n in device["containerEdits"]["deviceNodes"]}
+    gi, ci = gi_cap_minor(0, 5), ci_cap_minor(0, 5, 0)  # GPU 0's 2g.20gb is GI 5, CI 0
+    assert nodes == {
+        ("/dev/nvidia0", 195, 0),
+        (f"/dev/nvidia-caps/nvidia-cap{gi}", 511, gi),
+        (f"/dev/nvidia-caps/nvidia-cap{ci}", 511, ci),
+    }
+    driver.unprepare(claim.ref)
+    assert list(driver.prepared_claims()) == [] and not list((tmp_path / "cdi").iterdir())
