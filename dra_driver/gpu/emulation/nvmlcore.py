@@ -1,0 +1,211 @@
+"""Plumbing of the emulated NVML library: ctypes I/O, handles, dispatch and faults.
+
+The C-function implementations live in :mod:`.nvmldevice` (system and device
+queries) and :mod:`.nvmlmig` (MIG); :class:`~.library.EmulatedNvmlLibrary`
+combines them. Functions are methods named ``_c_<C symbol>``; ``__getattr__``
+hands them to ``pynvml`` wrapped like ctypes function pointers.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+from dra_driver.gpu.emulation.profile import EmulatedGpu, EmulatedMigInstance, EmulatedProfile
+
+# NVML return codes (nvml.h).
+SUCCESS = 0
+ERROR_UNINITIALIZED = 1
+ERROR_INVALID_ARGUMENT = 2
+ERROR_NOT_SUPPORTED = 3
+ERROR_NOT_FOUND = 6
+ERROR_INSUFFICIENT_SIZE = 7
+ERROR_FUNCTION_NOT_FOUND = 13
+ERROR_GPU_IS_LOST = 15
+ERROR_ARGUMENT_VERSION_MISMATCH = 25
+ERROR_UNKNOWN = 999
+
+ERROR_STRINGS = {
+    SUCCESS: "Success",
+    ERROR_UNINITIALIZED: "Uninitialized",
+    ERROR_INVALID_ARGUMENT: "Invalid Argument",
+    ERROR_NOT_SUPPORTED: "Not Supported",
+    ERROR_NOT_FOUND: "Not Found",
+    ERROR_INSUFFICIENT_SIZE: "Insufficient Size",
+    ERROR_FUNCTION_NOT_FOUND: "Function Not Found",
+    ERROR_GPU_IS_LOST: "GPU is lost",
+    ERROR_ARGUMENT_VERSION_MISMATCH: "Argument version mismatch",
+    ERROR_UNKNOWN: "Unknown Error",
+}
+
+BRAND_CODES = {"NVIDIA": 14, "TESLA": 2, "QUADRO": 1, "GEFORCE": 5, "TITAN": 6,
+                "NVIDIA_RTX": 13, "QUADRO_RTX": 12}  # fmt: skip
+ARCH_CODES = {"KEPLER": 2, "MAXWELL": 3, "PASCAL": 4, "VOLTA": 5, "TURING": 6, "AMPERE": 7,
+               "ADA": 8, "HOPPER": 9, "BLACKWELL": 10}  # fmt: skip
+# NVML_GPU_INSTANCE_PROFILE_<x> constants: the index nvmlDeviceGetGpuInstanceProfileInfo takes.
+GI_PROFILE_INDEX = {"1_SLICE": 0, "2_SLICE": 1, "3_SLICE": 2, "4_SLICE": 3, "7_SLICE": 4,
+                     "8_SLICE": 5, "6_SLICE": 6, "1_SLICE_REV1": 7, "2_SLICE_REV1": 8,
+                     "1_SLICE_REV2": 9}  # fmt: skip
+# NVML_COMPUTE_INSTANCE_PROFILE_<n>_SLICE index (== profile id) by compute-slice count.
+CI_PROFILE_BY_SLICES = {1: 0, 2: 1, 3: 2, 4: 3, 7: 4, 8: 5, 6: 6}
+# Struct versions pynvml puts in the version field (nvml.h NVML_STRUCT_VERSION(...)).
+MEMORY_V2 = 0x02000028
+GI_PROFILE_INFO_V2 = 0x02000098
+CI_PROFILE_INFO_V2 = 0x02000088
+
+KIND_GPU, KIND_MIG, KIND_GI, KIND_CI = 1, 2, 3, 4
+MIB = 1024 * 1024
+
+
+class Return(Exception):
+    """Carries an NVML return code out of an emulated function."""
+
+    def __init__(self, code: int) -> None:
+        self.code = code
+
+
+def deref(arg: Any) -> Any:
+    """The ctypes object behind a ``byref()`` argument (or the object itself)."""
+    return getattr(arg, "_obj", arg)
+
+
+def as_int(arg: Any) -> int:
+    return int(arg.value) if hasattr(arg, "value") else int(arg)
+
+
+def handle_value(handle: Any) -> int:
+    if handle is None:
+        return 0
+    return ctypes.cast(handle, ctypes.c_void_p).value or 0
+
+
+def store_handle(target: Any, value: int) -> None:
+    """Write a handle value into a ctypes pointer object in place."""
+    holder = ctypes.c_void_p(value)
+    ctypes.memmove(ctypes.addressof(target), ctypes.addressof(holder), ctypes.sizeof(holder))
+
+
+def write_string(buffer: Any, length: Any, text: str) -> None:
+    data = text.encode() + b"\0"
+    if len(data) > as_int(length):
+        raise Return(ERROR_INSUFFICIENT_SIZE)
+    ctypes.memmove(buffer, data, len(data))
+
+
+class CFunction:
+    """One emulated C symbol; attributes like ``restype`` can be set as on a ctypes function."""
+
+    def __init__(self, library: LibraryCore, name: str, impl: Callable[..., None]) -> None:
+        self.library, self.name, self.impl = library, name, impl
+        self.restype: Any = ctypes.c_int
+        self.argtypes: Any = None
+
+    def __call__(self, *args: Any) -> Any:
+        return self.library._dispatch(self.name, self.impl, args)
+
+
+class LibraryCore:
+    """State, symbol lookup and handle decoding shared by the C-function mixins."""
+
+    def __init__(self, profile: EmulatedProfile) -> None:
+        self.profile = profile
+        self._lock = threading.RLock()
+        self._present: list[int] = list(range(len(profile.gpus)))
+        self._faults: dict[tuple[int, str], int] = {
+            (gpu.index, fn): code for gpu in profile.gpus for fn, code in gpu.faults.items()
+        }
+        self._init_count = 0
+        self.calls: Counter[str] = Counter()
+        """How often each C function was called (tests assert on caching, retries)."""
+
+    # ---- test controls -------------------------------------------------------------------
+    def inject_fault(
+        self, gpu_index: int, function: str = "*", code: int = ERROR_GPU_IS_LOST
+    ) -> None:
+        """Make ``function`` (C name, or ``*``) fail with ``code`` for one GPU (profile index)."""
+        with self._lock:
+            self._faults[(gpu_index, function)] = code
+
+    def clear_faults(self) -> None:
+        with self._lock:
+            self._faults.clear()
+
+    def remove_gpu(self, gpu_index: int) -> None:
+        """The GPU (profile index) disappears: no longer counted, old handles are lost."""
+        with self._lock:
+            if gpu_index in self._present:
+                self._present.remove(gpu_index)
+
+    @property
+    def present_gpus(self) -> tuple[EmulatedGpu, ...]:
+        with self._lock:
+            return tuple(self.profile.gpus[i] for i in self._present)
+
+    # ---- symbol lookup, as ctypes.CDLL does ----------------------------------------------
+    def __getattr__(self, name: str) -> CFunction:
+        if not name.startswith("nvml"):
+            raise AttributeError(name)
+        impl = getattr(type(self), "_c_" + name, None)
+        if impl is None:
+            raise AttributeError(f"emulated NVML has no symbol {name}")
+        return CFunction(self, name, impl.__get__(self))
+
+    def _dispatch(self, name: str, impl: Callable[..., Any], args: tuple[Any, ...]) -> Any:
+        with self._lock:
+            self.calls[name] += 1
+            if name == "nvmlErrorString":
+                return impl(*args)
+            if self._init_count == 0 and not name.startswith(("nvmlInit", "nvmlShutdown")):
+                return ERROR_UNINITIALIZED
+            try:
+                slot = self._subject(name, args)
+                if slot is not None:
+                    code = self._faults.get((slot, name)) or self._faults.get((slot, "*"))
+                    if code:
+                        return code
+                impl(*args)
+            except Return as ret:
+                return ret.code
+            return SUCCESS
+
+    def _subject(self, name: str, args: tuple[Any, ...]) -> int | None:
+        """The GPU slot a call is about, for fault injection."""
+        if name == "nvmlDeviceGetHandleByIndex_v2":
+            index = as_int(args[0])
+            return self._present[index] if index < len(self._present) else None
+        if name.startswith(("nvmlDevice", "nvmlGpuInstance", "nvmlComputeInstance")) and args:
+            value = handle_value(args[0]) if not isinstance(args[0], int | bytes) else 0
+            if value >> 16 in (KIND_GPU, KIND_MIG, KIND_GI, KIND_CI):
+                return (value >> 8) & 0xFF
+        return None
+
+    # ---- handles -------------------------------------------------------------------------
+    @staticmethod
+    def _encode(kind: int, slot: int, instance: int = 0) -> int:
+        return (kind << 16) | (slot << 8) | instance
+
+    def _decode(self, handle: Any, *kinds: int) -> tuple[int, EmulatedGpu, int]:
+        value = handle_value(handle)
+        kind, slot, instance = value >> 16, (value >> 8) & 0xFF, value & 0xFF
+        if kind not in kinds or slot >= len(self.profile.gpus):
+            raise Return(ERROR_INVALID_ARGUMENT)
+        if slot not in self._present:
+            raise Return(ERROR_GPU_IS_LOST)
+        gpu = self.profile.gpus[slot]
+        if kind != KIND_GPU and instance >= len(gpu.mig_instances):
+            raise Return(ERROR_INVALID_ARGUMENT)
+        return kind, gpu, instance
+
+    def _gpu(self, handle: Any) -> EmulatedGpu:
+        return self._decode(handle, KIND_GPU)[1]
+
+    def _any(self, handle: Any) -> tuple[EmulatedGpu, EmulatedMigInstance | None]:
+        kind, gpu, instance = self._decode(handle, KIND_GPU, KIND_MIG)
+        return gpu, gpu.mig_instances[instance] if kind == KIND_MIG else None
+
+    def _mig(self, handle: Any, kind: int) -> tuple[EmulatedGpu, int, EmulatedMigInstance]:
+        _, gpu, instance = self._decode(handle, kind)
+        return gpu, instance, gpu.mig_instances[instance]
