@@ -99,7 +99,6 @@ def cap_minor(host: HostPaths, gpu_minor: int, gi_id: int, ci_id: int | None = N
 class _Probe:
     """Runs the queries for one GPU and records what failed, and how badly."""
 
-    label: str
     errors: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
 
@@ -178,7 +177,7 @@ def _discover_gpu(nvml: Nvml, host: HostPaths, index: int, logger: logging.Logge
     except NvmlError as exc:
         logger.error("GPU unusable: no NVML handle", extra={"gpu_index": index, "error": str(exc)})
         return _degraded_placeholder(index, f"handle: {exc}")
-    probe = _Probe(label=f"GPU {index}")
+    probe = _Probe()
     uuid = probe.essential("uuid", lambda: nvml.uuid(handle), "")
     bus_id = probe.essential("PCI bus ID", lambda: normalise_bus_id(nvml.pci_bus_id(handle)), "")
     minor = probe.essential("minor", lambda: _minor(nvml, host, handle, bus_id), -1)
