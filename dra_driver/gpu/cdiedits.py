@@ -95,13 +95,24 @@ class EditsBuilder:
     """
 
     def __init__(
-        self, *, host: HostPaths, driver_version: str, runtime_host: HostPaths | None = None
+        self,
+        *,
+        host: HostPaths,
+        driver_version: str,
+        runtime_host: HostPaths | None = None,
+        majors: dict[str, int] | None = None,
     ) -> None:
         self._host = host
         self._view = runtime_host or host
         self._version = driver_version
-        self._majors = read_majors(host)
+        self._majors = majors if majors is not None else read_majors(host)
         self._common: ContainerEdits | None = None
+
+    @property
+    def key(self) -> tuple[str, tuple[tuple[str, int], ...]]:
+        """What the cached edits depend on: a new driver or a newly loaded module
+        (``nvidia-uvm`` often registers its major only on first use) invalidates them."""
+        return self._version, tuple(sorted(self._majors.items()))
 
     def _nvidia_major(self) -> int:
         for name in ("nvidia", "nvidia-frontend"):

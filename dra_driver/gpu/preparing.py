@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from dra_driver.gpu import cdi
-from dra_driver.gpu.cdiedits import EditsBuilder
+from dra_driver.gpu.cdiedits import EditsBuilder, read_majors
 from dra_driver.gpu.checkpoint import (
     COMPLETED,
     STARTED,
@@ -124,7 +124,7 @@ class ClaimPreparer:
         self._commands = GpuCommands(tools=tools, logger=logger)
         self._mps = MpsDaemons(root=state_dir / "mps", commands=self._commands, tools=tools)
         self._on_step = on_step or (lambda _name: None)
-        self._builders: dict[str, EditsBuilder] = {}
+        self._builder_cache: EditsBuilder | None = None
 
     # -- public API -------------------------------------------------------------------
 
@@ -301,14 +301,18 @@ class ClaimPreparer:
             self._on_step(f"mps-limits:{group.daemon_id}")
 
     def _builder(self, inventory: Inventory) -> EditsBuilder:
-        builder = self._builders.get(inventory.driver_version)
-        if builder is None:
+        """Edits builder, rebuilt when the driver version or the device majors change."""
+        majors = read_majors(self._host)
+        key = (inventory.driver_version, tuple(sorted(majors.items())))
+        builder = self._builder_cache
+        if builder is None or builder.key != key:
             builder = EditsBuilder(
                 host=self._host,
                 driver_version=inventory.driver_version,
                 runtime_host=self._runtime_host,
+                majors=majors,
             )
-            self._builders = {inventory.driver_version: builder}
+            self._builder_cache = builder
         return builder
 
     def _build_spec(self, claim: Claim, plan: _Plan, inventory: Inventory) -> cdi.Spec:

@@ -357,3 +357,20 @@ def test_mps_daemon_start_failure_rolls_back_dirs_and_shm(node: Node) -> None:
     assert checkpoint_claims(node) == {}
     uuid = node.inventory.gpus[0].uuid
     assert [c["argv"] for c in node.calls("nvidia-smi")][-1] == ["-i", uuid, "-c", "DEFAULT"]
+
+
+def test_late_loaded_uvm_module_reaches_the_next_claims_spec(node: Node) -> None:
+    devices = node.host.proc("devices")
+    full = devices.read_text()
+    devices.write_text(full.replace("511 nvidia-uvm\n", ""))  # module not loaded yet
+    p = node.preparer()
+    p.prepare(claim())
+    paths = [
+        n["path"] for n in json.loads(spec_file(node).read_text())["containerEdits"]["deviceNodes"]
+    ]
+    assert paths == ["/dev/nvidiactl"]
+    devices.write_text(full)  # first CUDA use loaded nvidia-uvm
+    p.prepare(claim(uid=UID2, devices=[("gpu", "gpu-1")]))
+    spec = json.loads(spec_file(node, UID2).read_text())
+    paths = [n["path"] for n in spec["containerEdits"]["deviceNodes"]]
+    assert paths == ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"]
