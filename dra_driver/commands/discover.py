@@ -164,7 +164,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         with gpu_host(args) as (host, _node):
             inventory = discover(host, logger)
-    except (DiscoveryError, ProfileError) as exc:
+    except (DiscoveryError, ProfileError, FileExistsError) as exc:
         print(f"dra-driver discover: {exc}", file=sys.stderr)
         return 1
     if args.output == "json":

@@ -226,7 +226,7 @@ def run(args: argparse.Namespace) -> int:
                         plugin.republish()
             finally:
                 plugin.stop(uninstall=args.uninstall_on_exit)
-    except (DiscoveryError, ProfileError) as exc:
+    except (DiscoveryError, ProfileError, FileExistsError) as exc:
         print(f"dra-driver kubelet-plugin: {exc}", file=sys.stderr)
         return 1
     return 0

@@ -107,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
             generation=args.generation,
             taint_degraded=args.taint_degraded,
         )
-    except (DiscoveryError, ProfileError, SliceValidationError) as exc:
+    except (DiscoveryError, ProfileError, SliceValidationError, FileExistsError) as exc:
         print(f"dra-driver slices: {exc}", file=sys.stderr)
         return 1
     if args.output == "json":

@@ -367,3 +367,10 @@ def test_profile_file_with_its_own_model(make_node, tmp_path: Path) -> None:
             assert pynvml.nvmlDeviceGetBrand(h) == pynvml.NVML_BRAND_NVIDIA_RTX
         finally:
             pynvml.nvmlShutdown()
+
+
+def test_never_writes_over_a_real_looking_host_root(tmp_path: Path) -> None:
+    (tmp_path / "sys" / "bus").mkdir(parents=True)
+    with pytest.raises(FileExistsError, match="refusing to write an emulated node"):
+        EmulatedNode.create("t4", tmp_path)
+    assert list((tmp_path / "sys").iterdir()) == [tmp_path / "sys" / "bus"]

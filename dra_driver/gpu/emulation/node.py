@@ -44,9 +44,19 @@ class EmulatedNode:
 
     @classmethod
     def create(cls, profile: str | Path | EmulatedProfile, root: Path) -> EmulatedNode:
-        """Write the node's files under ``root`` (created if missing) for a profile name or file."""
+        """Write the node's files under ``root`` (created if missing) for a profile name or file.
+
+        ``root`` may be empty, missing, or an earlier emulated node (refreshed in place);
+        anything else with a ``sys/`` directory is refused so a real host is never touched.
+        """
         loaded = profile if isinstance(profile, EmulatedProfile) else load_profile(profile)
-        host = write_host_tree(loaded, Path(root))
+        root = Path(root)
+        if (root / "sys").exists() and not (root / PROFILE_FILE).exists():
+            raise FileExistsError(
+                f"{root} holds a sys/ tree that is not an emulated node; refusing to write an "
+                "emulated node over what may be a real host root"
+            )
+        host = write_host_tree(loaded, root)
         profile_file = host.root / PROFILE_FILE
         profile_file.parent.mkdir(parents=True, exist_ok=True)
         profile_file.write_text(loaded.source)
