@@ -187,6 +187,7 @@ def run(args: argparse.Namespace) -> int:
                 state_dir=state_dir,
                 tools=tools,
                 logger=logging.getLogger("dra_driver.gpu"),
+                pool_name=args.node_name,
                 taint_degraded=args.taint_degraded,
             )
             settings = PluginSettings(

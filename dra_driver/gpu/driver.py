@@ -9,7 +9,8 @@ inventory through a callable so a prepare always sees the latest discovery.
 Re-discovery (:meth:`refresh`) keeps the previous inventory when discovery as
 a whole fails (NVML briefly unavailable must not empty the pool); a GPU that
 is gone simply is not in the new inventory, so it leaves the pool with the
-next slice generation.
+next slice generation. It also reports device health to the kubelet: devices
+published with the degraded taint (``--taint-degraded``) are Unhealthy.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from dra_driver.gpu.hostpaths import HostPaths
 from dra_driver.gpu.inventory import Inventory
 from dra_driver.gpu.preparing import ClaimPreparer
 from dra_driver.gpu.sharing import GpuTools
-from dra_driver.plugin.backend import PreparedDevice
+from dra_driver.plugin.backend import DeviceHealth, PreparedDevice
 from dra_driver.plugin.claims import Claim, ClaimRef
 from dra_driver.plugin.resources import Pool
 
@@ -45,10 +46,12 @@ class GpuDriver:
         state_dir: Path,
         tools: GpuTools,
         logger: logging.Logger,
+        pool_name: str,
         taint_degraded: bool = False,
     ) -> None:
         """Runs the first discovery now, so a node without a usable driver fails at start."""
         self._driver_name = driver_name
+        self._pool_name = pool_name
         self._discover = discover
         self._log = logger
         self._taint_degraded = taint_degraded
@@ -102,3 +105,16 @@ class GpuDriver:
 
     def prepared_claims(self) -> list[ClaimRef]:
         return self._preparer.prepared_claims()
+
+    # ---- HealthReporter ----
+    def device_health(self) -> list[DeviceHealth]:
+        """Published devices are Healthy unless published tainted as degraded."""
+        return [
+            DeviceHealth(
+                self._pool_name,
+                d.name,
+                "Unhealthy" if d.taints else "Healthy",
+                "GPU degraded: an NVML query failed" if d.taints else "",
+            )
+            for d in self.pool().devices
+        ]

@@ -6,6 +6,7 @@ import json
 import logging
 from pathlib import Path
 
+import pynvml
 import pytest
 
 from dra_driver.gpu.discovery import DiscoveryError, discover
@@ -20,7 +21,9 @@ LOG = logging.getLogger("tests.gpu.driver")
 UID = "6f1d3c2a-9b8e-4f7d-a1c2-3e4f5a6b7c8d"
 
 
-def _driver(node: EmulatedNode, tmp_path: Path, discover_fn=None) -> GpuDriver:
+def _driver(
+    node: EmulatedNode, tmp_path: Path, discover_fn=None, taint_degraded=False
+) -> GpuDriver:
     tools = gputools.install(node.bin_dir, tmp_path / "tools.jsonl")
     return GpuDriver(
         driver_name="gpu.nvidia.com",
@@ -32,6 +35,8 @@ def _driver(node: EmulatedNode, tmp_path: Path, discover_fn=None) -> GpuDriver:
             nvidia_smi=tools["nvidia-smi"], mps_control=tools["nvidia-cuda-mps-control"]
         ),
         logger=LOG,
+        pool_name="node-a",
+        taint_degraded=taint_degraded,
     )
 
 
@@ -101,3 +106,19 @@ def test_claims_are_prepared_by_the_preparer_against_current_inventory(
     }
     driver.unprepare(claim.ref)
     assert list(driver.prepared_claims()) == [] and not list((tmp_path / "cdi").iterdir())
+
+
+def test_health_marks_tainted_degraded_devices_unhealthy(make_node, tmp_path: Path) -> None:
+    node = make_node("l4-x4")
+    node.library.inject_fault(
+        1, "nvmlDeviceGetMemoryInfo", pynvml.NVML_ERROR_GPU_IS_LOST
+    )  # minor 3
+    with node.nvml():
+        driver = _driver(node, tmp_path, taint_degraded=True)
+    health = {(h.pool, h.device): (h.health, h.message) for h in driver.device_health()}
+    assert health == {
+        ("node-a", "gpu-0"): ("Healthy", ""),
+        ("node-a", "gpu-1"): ("Healthy", ""),
+        ("node-a", "gpu-2"): ("Healthy", ""),
+        ("node-a", "gpu-3"): ("Unhealthy", "GPU degraded: an NVML query failed"),
+    }
