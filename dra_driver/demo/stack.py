@@ -25,7 +25,7 @@ from typing import Any
 
 import yaml
 
-from dra_driver.demo.kubeletharness import KubeletHarness, PrepareResult
+from dra_driver.demo.kubeletharness import HarnessError, KubeletHarness, PrepareResult
 from dra_driver.demo.runtime import ContainerRun, ContainerRuntime
 from dra_driver.devcluster import Cluster, wait_until
 from dra_driver.devcluster.kubeconfig import write_kubeconfig
@@ -142,8 +142,20 @@ class GpuNode:
         self.kubeconfig = node_bound_kubeconfig(self.cluster, self.node, self.workdir)
         self.harness.start()
         self.start_plugin()
-        self.harness.wait_registered(self.driver, timeout=timeout)
+        self.wait_registered(timeout=timeout)
         self.wait_published(timeout=timeout)
+
+    def wait_registered(self, *, after_seq: int = 0, timeout: float = 60.0) -> int:
+        """Wait for the kubelet code to register our plugin; fail fast if the plugin dies."""
+        deadline = time.monotonic() + timeout
+        while True:
+            if not self.plugin_running():
+                raise RuntimeError(f"plugin on {self.name} exited; {self.plugin_log_tail()}")
+            try:
+                return self.harness.wait_registered(self.driver, after_seq=after_seq, timeout=1.0)
+            except HarnessError:
+                if time.monotonic() >= deadline:
+                    raise
 
     def plugin_argv(self) -> list[str]:
         assert self.kubeconfig is not None

@@ -1,0 +1,347 @@
+"""``dra-driver demo``: the whole path on one machine, explained as it happens.
+
+Starts a real control plane, two emulated GPU nodes (dgx-a100 and
+dgx-a100-mig) each running our kubelet plugin and the kubelet's own DRA code,
+applies every example in ``deploy/examples/``, takes each pod through the
+kubelet path (prepare, run its container with the CDI devices, unprepare) and
+prints what happened in words a newcomer can follow.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dra_driver.demo.kubeletharness import HarnessError, find_harness
+from dra_driver.demo.runtime import (
+    ContainerRuntime,
+    ContainerRuntimeError,
+    find_cdi_harness,
+    missing_tools,
+)
+from dra_driver.demo.stack import RESOURCE_API, GpuNode, install_driver_objects, load_examples
+from dra_driver.devcluster import Cluster, find_binaries, wait_until
+
+Print = Callable[[str], None]
+
+NODES = (("demo-dgx-a100", "dgx-a100"), ("demo-dgx-a100-mig", "dgx-a100-mig"))
+NAMESPACE = "demo"
+SOCKET_PATH_MAX = 108
+"""sun_path size on Linux, terminating NUL included."""
+EXAMPLES = (
+    ("gpu-by-memory.yaml", "one full GPU with at least 40 GiB of memory"),
+    ("four-gpus-one-numa.yaml", "four full GPUs on the same NUMA node"),
+    ("mig-1g.yaml", "one MIG slice of profile 1g.10gb"),
+    ("time-sliced.yaml", "one GPU with the Long compute time slice"),
+    ("mps.yaml", "one GPU shared by two pods through MPS, with limits"),
+    ("invalid-config.yaml", "a claim with a typo in its opaque config"),
+)
+
+
+@dataclass(frozen=True)
+class DemoOptions:
+    repo: Path
+    workdir: Path | None = None
+    keep: bool = False
+    run_containers: bool = True
+    cdi_json: bool = False
+
+
+@contextmanager
+def _workdir(options: DemoOptions) -> Iterator[Path]:
+    if options.workdir is not None:
+        options.workdir.mkdir(parents=True, exist_ok=True)
+        yield options.workdir
+        return
+    path = Path(tempfile.mkdtemp(prefix="dra-driver-demo-"))
+    try:
+        yield path
+    finally:
+        if not options.keep:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def run_demo(options: DemoOptions, out: Print) -> int:
+    """Run the walkthrough; returns 0 when every example behaved as described."""
+    with _workdir(options) as work, ExitStack() as stack:
+        longest = work / f"{NODES[-1][0]}/kubelet/plugins_registry/gpu.nvidia.com-reg.sock"
+        if len(str(longest).encode()) >= SOCKET_PATH_MAX:
+            out(f"The work directory {work} is too long: socket paths below it would exceed "
+                f"{SOCKET_PATH_MAX - 1} bytes. Use a shorter --workdir.")  # fmt: skip
+            return 2
+        return _Walkthrough(options, work, out, stack).run()
+
+
+class _Walkthrough:
+    def __init__(self, options: DemoOptions, work: Path, out: Print, stack: ExitStack) -> None:
+        self.o = options
+        self.work = work
+        self.out = out
+        self.stack = stack
+        self.nodes: dict[str, GpuNode] = {}
+        self.runtime: ContainerRuntime | None = None
+        self.failures: list[str] = []
+        self.prepared: dict[str, str] = {}  # claim UID -> first pod that prepared it
+
+    def step(self, n: int, text: str) -> None:
+        self.out("")
+        self.out(f"[{n}/6] {text}")
+
+    def run(self) -> int:
+        out = self.out
+        out("dra-driver demo: Dynamic Resource Allocation of NVIDIA GPUs, end to end, here.")
+        out(
+            "Real Kubernetes components and the kubelet's own DRA code; only the GPUs are emulated."
+        )
+        out(f"Work directory (logs, CDI specs): {self.work}")
+
+        self.step(1, "Starting a local control plane: etcd, kube-apiserver, kube-scheduler, "
+                     "kube-controller-manager")  # fmt: skip
+        binaries = find_binaries()
+        cluster = Cluster(binaries, self.work / "cluster")
+        self.stack.callback(cluster.stop)
+        times = cluster.start()
+        out(f"  ready in {times.total:.1f} s at {cluster.server}")
+
+        self.step(2, "Installing the driver's cluster objects, rendered from the Helm chart "
+                     "(deploy/manifests)")  # fmt: skip
+        for applied in install_driver_objects(
+            cluster, self.o.repo / "deploy/manifests/dra-driver.yaml"
+        ):
+            out(f"  {applied}")
+        cluster.create_namespace(NAMESPACE)
+
+        self.step(3, "Starting two emulated GPU nodes. On each, our kubelet plugin runs as its own "
+                     "process with its ServiceAccount token,")  # fmt: skip
+        out("      and the kubelet's plugin manager + DRA manager (Go, k8s.io/kubernetes v1.37) "
+            "discover and register it.")  # fmt: skip
+        harness = find_harness(self.o.repo)
+        for name, profile in NODES:
+            node = GpuNode(cluster=cluster, name=name, profile=profile,
+                           workdir=self.work / name, harness_binary=harness)  # fmt: skip
+            self.stack.callback(node.stop)
+            node.start()
+            self.nodes[name] = node
+            self._describe_node(node)
+        self._setup_runtime()
+
+        self.step(4, f"Applying the examples from deploy/examples/ to namespace {NAMESPACE!r}; "
+                     "the scheduler allocates devices from the ResourceSlices")  # fmt: skip
+        for file, what in EXAMPLES:
+            objs = load_examples(self.o.repo / "deploy" / "examples" / file, NAMESPACE)
+            cluster.apply(objs)
+            out(f"  {file}: {what}")
+
+        self.step(5, "Playing the kubelet for every pod: prepare its claims through our plugin, "
+                     "start its container with the CDI devices")  # fmt: skip
+        pods: list[str] = []
+        for file, _what in EXAMPLES:
+            for obj in load_examples(self.o.repo / "deploy" / "examples" / file, NAMESPACE):
+                if obj["kind"] == "Pod":
+                    pods.append(obj["metadata"]["name"])
+                    self._run_pod(cluster, file, obj["metadata"]["name"])
+
+        self.step(
+            6, "Deleting the pods: the kubelet code unprepares each claim once its last pod is gone"
+        )
+        for pod in pods:
+            self._delete_pod(cluster, pod)
+        leftovers = {n: list(node.cdi_specs()) for n, node in self.nodes.items()}
+        if any(leftovers.values()):
+            self.failures.append(f"CDI specs left after all pods were deleted: {leftovers}")
+        else:
+            out("  All CDI specs are gone; allocated devices are free again.")
+
+        out("")
+        if self.failures:
+            out("Demo finished with unexpected results:")
+            for f in self.failures:
+                out(f"  - {f}")
+            return 1
+        out("Demo finished: every claim was allocated, prepared, used and released as described.")
+        out("Next: README.md (how it works), deploy/chart (install on a real cluster), "
+            "tests/e2e (these steps as tests).")  # fmt: skip
+        return 0
+
+    # -- pieces -------------------------------------------------------------------
+
+    def _describe_node(self, node: GpuNode) -> None:
+        devices = [d for s in node.slices() for d in s["spec"].get("devices") or []]
+        kinds: dict[str, list[str]] = {}
+        for d in devices:
+            attrs = d.get("attributes", {})
+            kind = attrs.get("type", {}).get("string", "?")
+            label = d["name"]
+            if kind == "mig":
+                label += f" ({attrs['profile']['string']})"
+            kinds.setdefault(kind, []).append(label)
+        product = next(
+            (d["attributes"]["productName"]["string"] for d in devices
+             if "productName" in d.get("attributes", {})), "?",
+        )  # fmt: skip
+        self.out(f"  node {node.name} (emulated {node.profile}, {product}): registered, "
+                 f"{len(devices)} devices published in ResourceSlices")  # fmt: skip
+        for kind, names in kinds.items():
+            self.out(f"    {kind:4} {', '.join(names)}")
+
+    def _setup_runtime(self) -> None:
+        if not self.o.run_containers:
+            self.out("  (containers will not be run: --no-containers)")
+            return
+        missing = missing_tools()
+        if missing:
+            self.out(f"  (containers will not be run: this machine lacks {', '.join(missing)})")
+            return
+        try:
+            self.runtime = ContainerRuntime(
+                cdi_harness=find_cdi_harness(self.o.repo), workdir=self.work / "runtime"
+            )
+            self.out("  Containers will run under runc after the real CDI library "
+                     "(tags.cncf.io/container-device-interface) adds their devices.")  # fmt: skip
+        except ContainerRuntimeError as err:
+            self.out(f"  (containers will not be run: {err})")
+
+    def _node_of(self, cluster: Cluster, pod: str) -> GpuNode:
+        def bound() -> str | None:
+            obj = cluster.rest.get(f"/api/v1/namespaces/{NAMESPACE}/pods/{pod}")
+            name: str | None = obj["spec"].get("nodeName")
+            return name
+
+        return self.nodes[wait_until(bound, timeout=60, what=f"pod {pod} scheduled")]
+
+    def _run_pod(self, cluster: Cluster, file: str, pod: str) -> None:
+        out = self.out
+        out("")
+        out(f"  pod {pod} ({file})")
+        node = self._node_of(cluster, pod)
+        out(f"    scheduled to {node.name}")
+        try:
+            run = node.run_pod(NAMESPACE, pod, self.runtime)
+        except HarnessError as err:
+            out("    the kubelet could not prepare its claim, so the pod does not start:")
+            out(f"      {err}")
+            event = self._event(cluster, pod)
+            if event:
+                out(f"    event on the pod: {event['type']} {event['reason']}: {event['message']}")
+            if file != "invalid-config.yaml":
+                self.failures.append(f"{pod}: prepare failed: {err}")
+            return
+        if file == "invalid-config.yaml":
+            self.failures.append(f"{pod}: prepared although its config is invalid")
+        for container, info in run.prepared.containers.items():
+            for claim in info.claims:
+                first = self.prepared.setdefault(claim["uid"], pod)
+                if first == pod:
+                    self._describe_claim(cluster, node, claim)
+                else:
+                    out(f"    claim {claim['name']} was already prepared for pod {first}: the "
+                        "kubelet reuses it without calling our plugin again")  # fmt: skip
+            out(f"    container {container!r} gets CDI devices: {', '.join(info.cdi_devices)}")
+            result = run.containers.get(container)
+            if result is not None:
+                status = "ran" if result.returncode == 0 else f"FAILED (exit {result.returncode})"
+                out(f"    container {container!r} {status} under runc; it printed:")
+                for line in (result.stdout or result.stderr).splitlines():
+                    out(f"      | {line}")
+                if result.returncode != 0:
+                    self.failures.append(f"{pod}: container failed: {result.stderr.strip()}")
+        out(f"    prepare took {run.prepared.elapsed_ms:.0f} ms in the kubelet's DRA manager "
+            "(claim checks, our plugin's NodePrepareResources, checkpoint)")  # fmt: skip
+
+    def _describe_claim(self, cluster: Cluster, node: GpuNode, claim: dict[str, Any]) -> None:
+        out = self.out
+        obj = cluster.rest.get(
+            f"{RESOURCE_API}/namespaces/{NAMESPACE}/resourceclaims/{claim['name']}"
+        )
+        users = len(obj["status"].get("reservedFor") or [])
+        out(f"    claim {claim['name']} (used by {users} pod{'s' if users != 1 else ''}) got:")
+        attrs = {d["name"]: d.get("attributes", {}) for s in node.slices()
+                 for d in s["spec"].get("devices") or []}  # fmt: skip
+        for dev in claim["devices"]:
+            a = attrs.get(dev["device"], {})
+            facts = [a.get("productName", {}).get("string", ""),
+                     f"profile {a['profile']['string']}" if "profile" in a else "",
+                     f"NUMA node {a['numaNode']['int']}" if "numaNode" in a else "",
+                     a.get("uuid", {}).get("string", "")]  # fmt: skip
+            out(f"      {dev['device']}: {', '.join(f for f in facts if f)}")
+        uid = claim["uid"]
+        for command in self._gpu_commands(node, claim, attrs):
+            out(f"    sharing set up by our plugin: {command}")
+        specs = {n: s for n, s in node.cdi_specs().items() if uid in n}
+        for name, spec in specs.items():
+            out(f"    CDI spec written by our plugin: {node.cdi_dir / name}")
+            if self.o.cdi_json:
+                for line in json.dumps(spec, indent=2).splitlines():
+                    out(f"      {line}")
+            else:
+                self._summarize_spec(spec)
+
+    @staticmethod
+    def _gpu_commands(
+        node: GpuNode, claim: dict[str, Any], attrs: dict[str, dict[str, Any]]
+    ) -> list[str]:
+        """GPU tool invocations for this claim's devices (emulated tools record them)."""
+        record = node.host_root / "emulation" / "tools.jsonl"
+        if not record.exists():
+            return []
+        uuids = {attrs.get(d["device"], {}).get("uuid", {}).get("string") for d in claim["devices"]}
+        uuids.discard(None)
+        commands = []
+        for line in record.read_text().splitlines():
+            call = json.loads(line)
+            if call.get("tool") == "mps-daemon" or "argv" not in call:
+                continue
+            words = [call["tool"], *call["argv"]]
+            env = call.get("env", {})
+            mine = any(u in words or u == env.get("CUDA_VISIBLE_DEVICES") for u in uuids)
+            if mine or claim["uid"] in env.get("CUDA_MPS_PIPE_DIRECTORY", ""):
+                stdin = call.get("stdin", "").strip().replace("\n", "; ")
+                commands.append(" ".join(words) + (f" <<< {stdin!r}" if stdin else ""))
+        return commands
+
+    def _summarize_spec(self, spec: dict[str, Any]) -> None:
+        out = self.out
+        out(f"      cdiVersion {spec['cdiVersion']}, kind {spec['kind']}")
+        for dev in spec["devices"]:
+            edits = dev["containerEdits"]
+            parts = [f"{n['path']} (c {n.get('major')}:{n.get('minor')})"
+                     for n in edits.get("deviceNodes", [])]  # fmt: skip
+            parts += edits.get("env", [])
+            parts += [f"mount {m['containerPath']}" for m in edits.get("mounts", [])]
+            out(f"      device {dev['name']}: {'; '.join(parts)}")
+        common = spec.get("containerEdits", {})
+        nodes = ", ".join(n["path"] for n in common.get("deviceNodes", []))
+        mounts = common.get("mounts", [])
+        libs = [Path(m["containerPath"]).name for m in mounts]
+        out(f"      every container using it also gets: env {', '.join(common.get('env', []))}; "
+            f"device nodes {nodes}; {len(mounts)} read-only driver files "
+            f"({', '.join(libs[:3])}{', ...' if len(libs) > 3 else ''})")  # fmt: skip
+
+    def _event(self, cluster: Cluster, pod: str) -> dict[str, Any] | None:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            for ev in cluster.rest.get(f"/api/v1/namespaces/{NAMESPACE}/events")["items"]:
+                if ev["involvedObject"].get("name") == pod and ev["type"] == "Warning":
+                    found: dict[str, Any] = ev
+                    return found
+            time.sleep(0.2)
+        return None
+
+    def _delete_pod(self, cluster: Cluster, pod: str) -> None:
+        obj = cluster.rest.get(f"/api/v1/namespaces/{NAMESPACE}/pods/{pod}")
+        node = self.nodes[obj["spec"]["nodeName"]]
+        before = set(node.cdi_specs())
+        node.delete_pod(NAMESPACE, pod)
+        removed = before - set(node.cdi_specs())
+        if removed:
+            self.out(f"  pod {pod} deleted: claim unprepared, removed {', '.join(sorted(removed))}")
+        else:
+            self.out(f"  pod {pod} deleted: nothing to unprepare on {node.name} "
+                     "(claim still used by another pod, or never prepared)")  # fmt: skip
