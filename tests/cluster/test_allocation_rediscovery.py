@@ -21,8 +21,9 @@ from typing import Any
 import pytest
 
 from dra_driver.devcluster import Cluster, wait_until
-from tests.cluster.gpunodes import DRIVER
 from tests.plugin.clusterkit import apply_rbac, node_bound_kubeconfig, our_slices, unique
+
+DRIVER = "gpu.nvidia.com"
 
 
 @pytest.fixture
