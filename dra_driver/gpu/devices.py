@@ -30,6 +30,8 @@ Decisions:
 
 from __future__ import annotations
 
+import re
+
 from dra_driver.gpu.inventory import Gpu, Inventory, MigInstance
 from dra_driver.gpu.naming import gpu_device_name, mig_device_name
 from dra_driver.plugin.resources import AttributeValue, Capacity, Device, DeviceTaint, Pool, Version
@@ -48,8 +50,8 @@ def semver(*parts: int | str) -> Version:
 
 
 def driver_semver(version: str) -> Version:
-    """``580.95.05`` -> ``580.95.5`` (semver forbids leading zeros)."""
-    return semver(*version.split("."))
+    """``580.95.05`` -> ``580.95.5`` (semver forbids leading zeros); non-digits are ignored."""
+    return semver(*re.findall(r"\d+", version)[:3])
 
 
 def quantity(value: int, *, binary: bool = False) -> str:

@@ -179,5 +179,7 @@ def test_quantities_are_canonical(value: int, binary: bool, text: str) -> None:
 def test_versions_are_strict_semver() -> None:
     assert driver_semver("580.95.05") == Version("580.95.5")
     assert driver_semver("535.104.05") == Version("535.104.5")
+    assert driver_semver("590.12") == Version("590.12.0")
+    assert driver_semver("580.95.05-beta.1") == Version("580.95.5")
     assert semver(9, 0) == Version("9.0.0")
     assert semver(13, 0) == Version("13.0.0")
