@@ -148,6 +148,7 @@ def run(args: argparse.Namespace) -> int:
     from dra_driver.gpu.emulation import ProfileError
     from dra_driver.gpu.sharing import GpuTools
     from dra_driver.plugin.app import KubeletPlugin, PluginSettings
+    from dra_driver.plugin.kubeclient import KubeError
 
     stop = threading.Event()
     rediscover = threading.Event()
@@ -206,7 +207,12 @@ def run(args: argparse.Namespace) -> int:
             signal.signal(signal.SIGTERM, on_stop)
             signal.signal(signal.SIGINT, on_stop)
             signal.signal(signal.SIGHUP, on_hup)
-            plugin.start()
+            try:
+                plugin.start()
+            except (KubeError, OSError) as exc:
+                plugin.stop()
+                print(f"dra-driver kubelet-plugin: cannot start: {exc}", file=sys.stderr)
+                return 1
             logger.info(
                 "kubelet plugin running",
                 extra={

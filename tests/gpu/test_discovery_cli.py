@@ -82,3 +82,12 @@ def test_bad_input_fails_with_a_clear_message(tmp_path: Path) -> None:
     # Without emulation on this GPU-less machine: a node-level error, not a traceback.
     bad = _run("discover", "--host-root", str(tmp_path), check=False)
     assert bad.returncode == 1 and "cannot initialise NVML" in bad.stderr
+
+
+def test_kubelet_plugin_start_failure_is_a_clear_error(tmp_path: Path) -> None:
+    dirs = ["--cdi-dir", str(tmp_path / "cdi"), "--kubelet-registry-dir", str(tmp_path / "reg")]
+    dirs += ["--kubelet-plugins-dir", str(tmp_path / "plugins"), "--host-root", str(tmp_path / "h")]
+    bad = _run("kubelet-plugin", "--node-name", "n", "--emulate", "t4", *dirs,
+               "--kubeconfig", str(tmp_path / "missing"), check=False)  # fmt: skip
+    assert bad.returncode == 1
+    assert "cannot start: kubeconfig" in bad.stderr and "Traceback" not in bad.stderr
