@@ -14,12 +14,14 @@
 
 Run: ``.venv/bin/python -m bench.inventory_discovery [--rounds N] [--skip-cluster]``.
 
-Measured 2026-11-22 on the shared 2-core dev VM under load (load average ~6, other
-builds running), so absolute numbers are pessimistic: discovery p50 10.2 ms / p99 42 ms
-(441 NVML calls); ``dra-driver --version`` 108 ms wall (bare Python 27 ms; importing
-``dra_driver.cli`` 44-55 ms); ``dra-driver discover --emulate dgx-a100-mig -o json``
-465 ms wall; process start -> complete 16-device pool in the API server p50 1.11 s
-(5 rounds: 1.01-2.26 s).
+Measured 2026-11-22 on the shared 2-core dev VM under load (load average 5-6, other
+builds running), two runs: discovery p50 5.5-10.2 ms, p99 8.2-42 ms (441 NVML calls);
+``dra-driver --version`` 68-108 ms wall (bare Python 18-27 ms; importing
+``dra_driver.cli`` 35-55 ms); ``dra-driver discover --emulate dgx-a100-mig -o json``
+355-465 ms wall; process start -> complete 16-device pool in the API server p50
+1.1-1.8 s (10 rounds, 1.0-2.9 s). Of that, about 0.1 s is publishing after discovery;
+the rest is interpreter start, imports (~0.33 s: grpc, urllib3, pynvml) and CPU
+contention with the control plane on 2 cores.
 """
 
 from __future__ import annotations
