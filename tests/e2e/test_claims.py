@@ -258,3 +258,39 @@ def test_invalid_opaque_config_pod_does_not_start_and_event_names_the_field(
     # Deleting the never-started pod still works; nothing to clean on the node.
     node.delete_pod(ns, "invalid-config")
     assert node.cdi_specs() == {}
+
+
+def test_containers_get_only_the_devices_of_the_requests_they_name(
+    cluster: Cluster,
+    cluster_namespace: str,
+    a100_node: GpuNode,
+    container_runtime: ContainerRuntime,
+) -> None:
+    """The kubelet filters CDI IDs by request name; our plugin must report each
+    device's request so that a container naming one request sees one GPU."""
+    ns, node = cluster_namespace, a100_node
+    cluster.apply({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": "two-requests", "namespace": ns},
+        "spec": {"devices": {"requests": [
+            {"name": "a", "exactly": {"deviceClassName": "gpu.nvidia.com"}},
+            {"name": "b", "exactly": {"deviceClassName": "gpu.nvidia.com"}},
+        ]}},
+    })  # fmt: skip
+    spec = pod("split", {"resourceClaimName": "two-requests"}, node.name, ns)
+    (main,) = spec["spec"]["containers"]
+    only_a = {**main, "name": "only-a", "resources": {"claims": [{"name": "gpu", "request": "a"}]}}
+    spec["spec"]["containers"] = [only_a, {**main, "name": "both"}]
+    cluster.apply(spec)
+    run = node.run_pod(ns, "split", container_runtime)
+    claim = get_claim(cluster, ns, "two-requests")
+    by_request = {r["request"]: r["device"] for r in results(claim)}
+    uid = claim["metadata"]["uid"]
+    cdi = {req: f"k8s.gpu.nvidia.com/claim={uid}-{dev}" for req, dev in by_request.items()}
+    assert run.prepared.containers["only-a"].cdi_devices == (cdi["a"],)
+    assert sorted(run.prepared.containers["both"].cdi_devices) == sorted(cdi.values())
+    minor = {req: f"/dev/nvidia{dev.removeprefix('gpu-')}" for req, dev in by_request.items()}
+    assert gpu_device_nodes(run.containers["only-a"].stdout) == [minor["a"]]
+    assert gpu_device_nodes(run.containers["both"].stdout) == sorted(minor.values())
+    node.delete_pod(ns, "split")
+    assert node.cdi_specs() == {}
