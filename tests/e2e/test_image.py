@@ -1,0 +1,89 @@
+"""The plugin image's content, without a Docker engine: the files the
+Dockerfile's build context admits (.dockerignore) build a wheel, and that wheel
+alone runs the image's entry point with its package data (emulation profiles,
+generated protobuf stubs)."""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.e2e.helm import ROOT
+
+
+def context_files() -> list[Path]:
+    """Files of the repo the .dockerignore lets into the build context."""
+    rules = [
+        line.strip()
+        for line in (ROOT / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
+    tracked = subprocess.run(
+        ["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.split()
+    keep = []
+    for name in tracked:
+        included = True
+        for rule in rules:
+            negate = rule.startswith("!")
+            pattern = rule.lstrip("!").rstrip("/")
+            if fnmatch.fnmatch(name, pattern) or name.startswith(pattern + "/"):
+                included = negate
+        if included:
+            keep.append(Path(name))
+    return keep
+
+
+def test_build_context_is_only_the_package() -> None:
+    files = context_files()
+    tops = {f.parts[0] for f in files}
+    assert tops == {"pyproject.toml", "README.md", "dra_driver"}
+
+
+def test_wheel_from_the_context_runs_the_entry_point(tmp_path: Path) -> None:
+    context = tmp_path / "context"
+    for name in context_files():
+        (context / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / name, context / name)
+    wheels = tmp_path / "wheels"
+    built = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(wheels), str(context)],
+        capture_output=True, text=True, check=False, timeout=300,
+    )  # fmt: skip
+    assert built.returncode == 0, built.stderr
+    (wheel,) = wheels.glob("dra_driver-*.whl")
+    target = tmp_path / "site"
+    installed = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target),
+         str(wheel)],
+        capture_output=True, text=True, check=False, timeout=300,
+    )  # fmt: skip
+    assert installed.returncode == 0, installed.stderr
+    # The image's ENTRYPOINT is the console script; its CMD the kubelet plugin.
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    assert 'ENTRYPOINT ["dra-driver"]' in dockerfile
+    assert 'CMD ["kubelet-plugin"]' in dockerfile
+    assert (target / "bin" / "dra-driver").exists()
+    env = {**os.environ, "PYTHONPATH": str(target)}
+    probe = subprocess.run(
+        [sys.executable, "-c", "import dra_driver, sys; print(dra_driver.__file__)"],
+        capture_output=True, text=True, env=env, check=True, cwd=tmp_path,
+    )  # fmt: skip
+    assert probe.stdout.startswith(str(target)), "the wheel, not the checkout, must be imported"
+    found = subprocess.run(
+        [sys.executable, "-m", "dra_driver", "discover", "--emulate", "dgx-a100", "-o", "json"],
+        capture_output=True, text=True, env=env, check=False, cwd=tmp_path, timeout=120,
+    )  # fmt: skip
+    assert found.returncode == 0, found.stderr
+    assert len(json.loads(found.stdout)["gpus"]) == 8
+    usage = subprocess.run(
+        [sys.executable, "-m", "dra_driver", "kubelet-plugin", "--help"],
+        capture_output=True, text=True, env=env, check=False, cwd=tmp_path, timeout=60,
+    )  # fmt: skip
+    assert usage.returncode == 0, usage.stderr
+    assert "--kubelet-registry-dir" in usage.stdout
