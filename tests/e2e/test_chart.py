@@ -109,13 +109,13 @@ def test_host_paths_are_mounted_at_the_same_path_and_probes_hit_the_health_port(
     assert host["plugins"] == "/data/kubelet/plugins"
     assert "--kubelet-registry-dir=/data/kubelet/plugins_registry" in container["args"]
     assert "--kubelet-plugins-dir=/data/kubelet/plugins" in container["args"]
-    assert "--health-port=9123" in container["args"]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["HEALTH_PORT"]["value"] == "9123"
     assert mounts["driver-root"] == "/driver-root"
     assert {m["name"]: m.get("readOnly", False) for m in container["volumeMounts"]}["driver-root"]
     assert container["ports"] == [{"name": "health", "containerPort": 9123, "protocol": "TCP"}]
     assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
     assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "health"}
-    env = {e["name"]: e for e in container["env"]}
     assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
     assert pod["serviceAccountName"] == "dra-driver-kubelet-plugin"
 
@@ -192,3 +192,21 @@ def test_api_server_rejects_a_broken_render(cluster: Cluster, helm: Path) -> Non
         )
     assert err.value.status == 422
     assert "hostPath.type" in str(err.value)
+
+
+def test_daemonset_args_are_accepted_by_the_real_command(helm: Path) -> None:
+    """Every flag the chart passes exists in ``dra-driver kubelet-plugin``, with the
+    values the chart means (parsed by the CLI's own parser)."""
+    from dra_driver.cli import _load_commands, build_parser
+
+    ds = daemonset(render(helm, "--set", "emulate=dgx-a100", "--set", "kubeletRootDir=/k"))
+    (container,) = ds["spec"]["template"]["spec"]["containers"]
+    parser = build_parser(_load_commands())
+    args = parser.parse_args(["--log-format=json", *container["args"], "--node-name=n1"])
+    assert args.command == "kubelet-plugin"
+    assert str(args.kubelet_registry_dir) == "/k/plugins_registry"
+    assert str(args.kubelet_plugins_dir) == "/k/plugins"
+    assert str(args.cdi_dir) == "/var/run/cdi"
+    assert str(args.driver_root) == "/driver-root"
+    assert args.emulate == "dgx-a100"
+    assert args.driver_name == "gpu.nvidia.com"
