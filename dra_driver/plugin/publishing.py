@@ -13,10 +13,13 @@ Two named background threads:
   when it starts and 30 s after losing the plugin, and they must come back.
 
 Generation rule (what the scheduler expects): when exactly one existing slice
-changes and none is added or removed, it is updated in place with the same
-generation; any other change bumps the generation and rewrites every slice,
+changes, none is added or removed, and its devices keep their names (only
+attributes, capacities or taints changed, e.g. a health taint), it is updated
+in place with the same generation. Any other change -- in particular a device
+that appears or disappears -- bumps the generation and rewrites every slice,
 with ``resourceSliceCount`` = number of slices, so a half-written pool is
-never mistaken for a complete one.
+never mistaken for a complete one and consumers see a new inventory as a new
+generation.
 
 Every write is read back: a field we sent that the server did not store
 (its feature gate is off) is logged as an error and reported in
@@ -78,6 +81,10 @@ def dropped_fields(sent: Any, stored: Any, path: str = "") -> set[str]:
         if len(stored) < len(sent):
             out.add(f"{path}[]")
     return out
+
+
+def _device_names(obj: Obj) -> list[str]:
+    return [str(d.get("name")) for d in obj.get("spec", {}).get("devices") or []]
 
 
 def _fingerprint(obj: Any) -> str:
@@ -290,7 +297,13 @@ class SlicePublisher:
             self._generation = current
             self._set_status(in_sync=True, generation=current, slice_count=n, last_error="")
             return
-        if not missing and not obsolete and len(stale) == 1 and gens == {current}:
+        if (
+            not missing
+            and not obsolete
+            and len(stale) == 1
+            and gens == {current}
+            and _device_names(existing[stale[0]]) == _device_names(want[stale[0]])
+        ):
             to_update = stale
         else:
             current += 1

@@ -124,7 +124,7 @@ def test_slice_edited_by_someone_else_is_repaired(
     )
 
 
-def test_generation_kept_for_one_changed_slice_and_bumped_when_slices_are_added(
+def test_generation_kept_for_attribute_change_and_bumped_when_devices_or_slices_change(
     cluster: Cluster, running: tuple[PluginOnNode, FakeBackend]
 ) -> None:
     on_node, backend = running
@@ -132,7 +132,25 @@ def test_generation_kept_for_one_changed_slice_and_bumped_when_slices_are_added(
     pub = on_node.plugin.publisher
     assert pub is not None
 
-    backend.devices = (_gpu(0), _gpu(1), _gpu(2))  # same single slice changes
+    # Same devices, one attribute changed: updated in place, same generation.
+    backend.devices = tuple(
+        Device(d.name, attributes={**d.attributes, "firmware": "2"}, capacity=d.capacity)
+        for d in backend.devices
+    )
+    on_node.plugin.republish()
+    wait_until(
+        lambda: all(
+            d["attributes"].get("firmware") == {"string": "2"}
+            for d in our_slices(cluster, DRIVER, on_node.node_name)[0]["spec"]["devices"]
+        ),
+        timeout=TIMEOUT,
+        what="changed attribute published",
+    )
+    (s,) = our_slices(cluster, DRIVER, on_node.node_name)
+    assert s["spec"]["pool"]["generation"] == first.generation
+
+    # A device appears: the inventory changed, so the pool moves to the next generation.
+    backend.devices = (_gpu(0), _gpu(1), _gpu(2))
     on_node.plugin.republish()
     wait_until(
         lambda: len(our_slices(cluster, DRIVER, on_node.node_name)[0]["spec"]["devices"]) == 3,
@@ -140,7 +158,7 @@ def test_generation_kept_for_one_changed_slice_and_bumped_when_slices_are_added(
         what="third device published",
     )
     (s,) = our_slices(cluster, DRIVER, on_node.node_name)
-    assert s["spec"]["pool"]["generation"] == first.generation
+    assert s["spec"]["pool"]["generation"] == first.generation + 1
 
     backend.counter_sets = (CounterSet("gpu-0-mem", {"memory": "80Gi"}),)
     backend.devices = (
@@ -152,7 +170,7 @@ def test_generation_kept_for_one_changed_slice_and_bumped_when_slices_are_added(
             lambda ss: (
                 ss
                 if len(ss) == 2
-                and all(x["spec"]["pool"]["generation"] == first.generation + 1 for x in ss)
+                and all(x["spec"]["pool"]["generation"] == first.generation + 2 for x in ss)
                 else None
             )
         )(our_slices(cluster, DRIVER, on_node.node_name)),
