@@ -37,6 +37,10 @@ DRIVER = "gpu.nvidia.com"
 PLUGIN_NAMESPACE = "dra-driver"
 PLUGIN_SERVICE_ACCOUNT = "dra-driver-kubelet-plugin"
 RESOURCE_API = "/apis/resource.k8s.io/v1"
+DEDICATED_TAINT = "dra-driver.test/dedicated"
+"""NoSchedule taint on nodes started with ``dedicated=True``: only pods placed
+with :func:`pin_to_node` (which tolerates it) land there, so pods of other
+tests sharing the control plane never take this node's devices."""
 
 
 def install_driver_objects(cluster: Cluster, manifests: Path) -> list[str]:
@@ -108,6 +112,7 @@ class GpuNode:
         labels: Mapping[str, str] | None = None,
         plugin_args: Sequence[str] = (),
         python: str = sys.executable,
+        dedicated: bool = False,
     ) -> None:
         self.cluster = cluster
         self.name = name
@@ -117,6 +122,7 @@ class GpuNode:
         self.labels = dict(labels or {})
         self.plugin_args = list(plugin_args)
         self.python = python
+        self.dedicated = dedicated
         self.host_root = workdir / "host"
         self.kubelet_root = workdir / "kubelet"
         self.cdi_dir = workdir / "cdi"
@@ -139,6 +145,11 @@ class GpuNode:
         """Node, token, kubelet harness, plugin; returns once registered and published."""
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.node = self.cluster.create_node(self.name, labels=self.labels)
+        if self.dedicated:
+            taint = {"key": DEDICATED_TAINT, "value": self.name, "effect": "NoSchedule"}
+            self.node = self.cluster.rest.merge_patch(
+                f"/api/v1/nodes/{self.name}", {"spec": {"taints": [taint]}}
+            )
         self.kubeconfig = node_bound_kubeconfig(self.cluster, self.node, self.workdir)
         self.harness.start()
         self.start_plugin()
@@ -333,6 +344,9 @@ def pin_to_node(objs: Sequence[Mapping[str, Any]], node: str) -> list[dict[str, 
         if copy.get("kind") == "Pod":
             spec = copy.setdefault("spec", {})
             spec["nodeSelector"] = {**spec.get("nodeSelector", {}), "kubernetes.io/hostname": node}
+            toleration = {"key": DEDICATED_TAINT, "operator": "Equal", "value": node,
+                          "effect": "NoSchedule"}  # fmt: skip
+            spec["tolerations"] = [*spec.get("tolerations", []), toleration]
         out.append(copy)
     return out
 

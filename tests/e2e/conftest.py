@@ -50,6 +50,7 @@ def start_node(
         profile=profile,
         workdir=tmp,
         harness_binary=binary,
+        dedicated=True,
     )
     try:
         node.start()
