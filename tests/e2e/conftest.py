@@ -42,9 +42,15 @@ def driver_objects(cluster: Cluster) -> list[str]:
 
 
 def start_node(
-    cluster: Cluster, binary: Path, tmp: Path, profile: str, prefix: str = "e2e"
+    cluster: Cluster,
+    binary: Path,
+    tmp: Path,
+    profile: str,
+    prefix: str = "e2e",
+    plugin_args: tuple[str, ...] | list[str] = (),
 ) -> GpuNode:
     node = GpuNode(
+        plugin_args=plugin_args,
         cluster=cluster,
         name=f"{prefix}-{profile}-{secrets.token_hex(3)}",
         profile=profile,
