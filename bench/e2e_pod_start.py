@@ -9,6 +9,8 @@ after another, each with a claim template for one GPU):
                   from the template, the scheduler allocates a GPU and binds);
     ``prepare``:  the kubelet's PrepareResources (claim GET and checks,
                   NodePrepareResources, checkpoint), as the harness replies;
+    ``in_kubelet_code``: of that, time inside the harness (pod GET, PrepareResources,
+                  GetResources), without the stdin/stdout hop;
     ``plugin``:   of that, our plugin's NodePrepareResources round trip, from the
                   kubelet code's own klog lines "Calling/Done calling ... rpc";
     ``runtime``:  CDI injection by the real library + ``runc run`` of the container.
@@ -19,15 +21,20 @@ the claim deleted before the next pod, so GPUs never run out.
 
 Run (root, runc + busybox installed): ``.venv/bin/python -m bench.e2e_pod_start [--pods 20]``
 
-Measured 2026-11-22 on the shared 2-core dev VM (other builds/tests running), 20 pods, ms:
+Measured 2026-11-22 on the shared 2-core dev VM (load average ~1.5-3, other work
+running), 20 pods, ms, p50 / p90 / max:
 
-    p50 / p90 / max      total 282 / 337 / 493   schedule 60 / 102 / 262
-    prepare 105 / 157 / 174 (plugin 26.6 / 37.1 / 62.3)   runtime 99 / 173 / 250
-    (CDI inject 13, runc 83)   unprepare incl. pod deletes 252 / 305 / 320
+    total (creation -> container started)  150 / 191 / 308
+    schedule (KCM claim + scheduler bind)    53 /  69 / 137
+    prepare (kubelet PrepareResources)       24 /  43 /  64
+      of which our NodePrepareResources      14 /  27 /  43
+    runtime (CDI inject 8.5 + runc 59)       69 / 108 / 122
+    unprepare (delete, kubelet, final del)   37 /  52 /  90
+      of which our NodeUnprepareResources     5 /   9 /  20
 
-Our plugin's NodePrepareResources is ~9 % of pod creation -> container started
-(median per-pod ratio); the kubelet's own prepare overhead (claim GET, two
-checkpoint writes) and runc dominate.
+Our plugin is ~10 % of pod creation -> container started (median per-pod ratio);
+scheduling and runc dominate. (With client-go's default 5 QPS in the harness
+instead of the kubelet's 50, prepare was 105 ms and unprepare 320 ms: throttling.)
 """
 
 from __future__ import annotations
@@ -50,17 +57,15 @@ from dra_driver.demo.stack import RESOURCE_API, GpuNode, install_driver_objects
 from dra_driver.devcluster import Cluster, find_binaries, wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
-KLOG = re.compile(
-    r"^I(\d{4}) (\d\d:\d\d:\d\d\.\d{6}) .*\"(Calling|Done calling) NodePrepareResources rpc\""
-)
+KLOG = re.compile(r"^I(\d{4}) (\S+) .*\"(Calling|Done calling) Node(Un)?[Pp]repareResources? rpc\"")
 
 
-def rpc_durations(log: Path) -> list[float]:
+def rpc_durations(log: Path, unprepare: bool = False) -> list[float]:
     """Seconds between each "Calling" and the following "Done calling" line."""
     out, start = [], None
     for line in log.read_text(errors="replace").splitlines():
         m = KLOG.match(line)
-        if not m:
+        if not m or bool(m.group(4)) != unprepare:
             continue
         t = datetime.strptime(m.group(2), "%H:%M:%S.%f")
         if m.group(3) == "Calling":
@@ -133,15 +138,21 @@ def main() -> int:
             run = runtime.run(cdi_dirs=[node.cdi_dir], cdi_ids=ids, argv=["/bin/sh", "-c", "true"])
             t3 = time.monotonic()
             assert run.returncode == 0, run.stderr
-            node.delete_pod(ns, name)
+            unprepared = node.delete_pod(ns, name)
             t4 = time.monotonic()
             wait_until(lambda: not cluster.rest.get(claims)["items"],
                        timeout=30, what="claim deleted", interval=0.02)  # fmt: skip
             rows.append({"schedule": t1 - t0, "prepare": t2 - t1, "runtime": t3 - t2,
+                         "in_kubelet_code": prepared.elapsed_ms / 1000,
+                         "unprepare_in_kubelet_code": unprepared["elapsed_ms"] / 1000,
                          "inject": run.inject_s, "runc": run.run_s,
                          "total": t3 - t0, "unprepare": t4 - t3})  # fmt: skip
-        for row, rpc in zip(rows, rpc_durations(node.harness.log_path), strict=True):
+        log = node.harness.log_path
+        for row, rpc, unrpc in zip(
+            rows, rpc_durations(log), rpc_durations(log, unprepare=True), strict=True
+        ):
             row["plugin"] = rpc
+            row["plugin_unprepare"] = unrpc
         if args.json:
             print(json.dumps(rows, indent=1))
         print(f"{args.pods} pods, one GPU each, sequential (ms)        p50      p90      max")
@@ -149,11 +160,14 @@ def main() -> int:
             "total",
             "schedule",
             "prepare",
+            "in_kubelet_code",
             "plugin",
             "runtime",
             "inject",
             "runc",
             "unprepare",
+            "unprepare_in_kubelet_code",
+            "plugin_unprepare",
         ):
             vals = [r[key] * 1000 for r in rows]
             print(

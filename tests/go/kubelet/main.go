@@ -68,6 +68,9 @@ func run(kubeconfig, nodeName, rootDir, stateDir string) error {
 		return fmt.Errorf("load kubeconfig: %w", err)
 	}
 	cfg.UserAgent = "kubelet-harness/" + nodeName
+	// The kubelet's defaults (KubeletConfiguration kubeAPIQPS/kubeAPIBurst);
+	// client-go's own 5/10 would throttle a busy test like no kubelet does.
+	cfg.QPS, cfg.Burst = 50, 100
 	client, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		return fmt.Errorf("client: %w", err)
