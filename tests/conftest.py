@@ -8,6 +8,7 @@ silently. Binaries come from ``$DRA_K8S_BIN_DIR`` or ``scripts/build-k8s.sh``.
 
 from __future__ import annotations
 
+import os
 import re
 import secrets
 from collections.abc import Generator, Iterator
@@ -61,3 +62,19 @@ def pytest_runtest_makereport(
     if report.failed and isinstance(control_plane, Cluster):
         report.sections.append(("control-plane logs (tail)", control_plane.log_tails(25)))
     return report
+
+
+ALLOW_SKIPS_ENV = "DRA_ALLOW_SKIPS"
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """A skipped test fails the run (unless $DRA_ALLOW_SKIPS=1): nothing skips silently."""
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    skipped = reporter.stats.get("skipped", []) if reporter is not None else []
+    if skipped and exitstatus == pytest.ExitCode.OK and os.environ.get(ALLOW_SKIPS_ENV) != "1":
+        reporter.write_line(
+            f"{len(skipped)} test(s) skipped: failing the run "
+            f"(tests must fail, not skip; set {ALLOW_SKIPS_ENV}=1 to allow locally)",
+            red=True,
+        )
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
