@@ -33,6 +33,7 @@ Print = Callable[[str], None]
 
 NODES = (("demo-dgx-a100", "dgx-a100"), ("demo-dgx-a100-mig", "dgx-a100-mig"))
 NAMESPACE = "demo"
+SUMMARY_HEAD = ("pod", "node", "devices", "outcome")
 SOCKET_PATH_MAX = 108
 """sun_path size on Linux, terminating NUL included."""
 EXAMPLES = (
@@ -89,6 +90,7 @@ class _Walkthrough:
         self.runtime: ContainerRuntime | None = None
         self.failures: list[str] = []
         self.prepared: dict[str, str] = {}  # claim UID -> first pod that prepared it
+        self.summary: list[tuple[str, str, str, str]] = []  # pod, node, devices, outcome
 
     def step(self, n: int, text: str) -> None:
         self.out("")
@@ -159,6 +161,11 @@ class _Walkthrough:
         else:
             out("  All CDI specs are gone; allocated devices are free again.")
 
+        out("")
+        out("Summary")
+        widths = [max(len(row[i]) for row in [*self.summary, SUMMARY_HEAD]) for i in range(3)]
+        for row in [SUMMARY_HEAD, *self.summary]:
+            out("  " + "  ".join(c.ljust(w) for c, w in zip(row, [*widths, 0], strict=True)))
         out("")
         if self.failures:
             out("Demo finished with unexpected results:")
@@ -232,6 +239,7 @@ class _Walkthrough:
                 out(f"    event on the pod: {event['type']} {event['reason']}: {event['message']}")
             if file != "invalid-config.yaml":
                 self.failures.append(f"{pod}: prepare failed: {err}")
+            self.summary.append((pod, node.name, "-", "not started: prepare refused"))
             return
         if file == "invalid-config.yaml":
             self.failures.append(f"{pod}: prepared although its config is invalid")
@@ -254,6 +262,12 @@ class _Walkthrough:
                     self.failures.append(f"{pod}: container failed: {result.stderr.strip()}")
         out(f"    prepare took {run.prepared.elapsed_ms:.0f} ms in the kubelet's DRA manager "
             "(claim checks, our plugin's NodePrepareResources, checkpoint)")  # fmt: skip
+        devices = sorted({d["device"] for info in run.prepared.containers.values()
+                          for c in info.claims for d in c["devices"]})  # fmt: skip
+        codes = [r.returncode for r in run.containers.values()]
+        outcome = ("prepared" if not codes else
+                   "container ran" if not any(codes) else "container FAILED")  # fmt: skip
+        self.summary.append((pod, node.name, ", ".join(devices), outcome))
 
     def _describe_claim(self, cluster: Cluster, node: GpuNode, claim: dict[str, Any]) -> None:
         out = self.out
