@@ -210,3 +210,25 @@ def test_daemonset_args_are_accepted_by_the_real_command(helm: Path) -> None:
     assert str(args.driver_root) == "/driver-root"
     assert args.emulate == "dgx-a100"
     assert args.driver_name == "gpu.nvidia.com"
+
+
+@pytest.mark.parametrize("version", ["1.34", "1.35", "1.36", "1.37"])
+def test_manifests_match_the_strict_schemas_of_every_supported_version(version: str) -> None:
+    """kubeVersion >= 1.34: every object must be valid there too, not only on the
+    1.37 API server the dry run uses (strict: no unknown fields)."""
+    import kubernetes_validate
+
+    for obj in yaml.safe_load_all(MANIFESTS.read_text()):
+        if obj:
+            kubernetes_validate.validate(obj, version, strict=True)
+
+
+def test_strict_schema_check_catches_a_misspelt_field() -> None:
+    import kubernetes_validate
+
+    ds = next(
+        o for o in yaml.safe_load_all(MANIFESTS.read_text()) if o and o["kind"] == "DaemonSet"
+    )
+    ds["spec"]["template"]["spec"]["containers"][0]["readinesProbe"] = {"httpGet": {"path": "/"}}
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(ds, "1.34", strict=True)
