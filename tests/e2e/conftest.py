@@ -5,7 +5,10 @@ CDI library and runc. Missing pieces fail the tests; nothing is skipped."""
 from __future__ import annotations
 
 import secrets
+import shutil
+import tempfile
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -33,6 +36,15 @@ def container_runtime(tmp_path_factory: pytest.TempPathFactory) -> ContainerRunt
         )
     except ContainerRuntimeError as err:
         pytest.fail(str(err), pytrace=False)
+
+
+@contextmanager
+def short_tmp(prefix: str) -> Iterator[Path]:
+    path = Path(tempfile.mkdtemp(prefix=f"{prefix}-", dir="/tmp"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
@@ -71,8 +83,8 @@ def a100_node(
     cluster: Cluster,
     driver_objects: list[str],
     kubelet_harness_binary: Path,
-    tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[GpuNode]:
-    node = start_node(cluster, kubelet_harness_binary, tmp_path_factory.mktemp("a100"), "dgx-a100")
-    yield node
-    node.stop()
+    with short_tmp("e2e-a100") as tmp:
+        node = start_node(cluster, kubelet_harness_binary, tmp, "dgx-a100")
+        yield node
+        node.stop()

@@ -11,7 +11,7 @@ import pytest
 from dra_driver.demo.runtime import ContainerRuntime
 from dra_driver.demo.stack import GpuNode
 from dra_driver.devcluster import Cluster
-from tests.e2e.conftest import start_node
+from tests.e2e.conftest import short_tmp, start_node
 from tests.e2e.scenarios import (
     apply_example,
     claim_name_of,
@@ -27,13 +27,11 @@ def mig_node(
     cluster: Cluster,
     driver_objects: list[str],
     kubelet_harness_binary: Path,
-    tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[GpuNode]:
-    node = start_node(
-        cluster, kubelet_harness_binary, tmp_path_factory.mktemp("mig"), "dgx-a100-mig"
-    )
-    yield node
-    node.stop()
+    with short_tmp("e2e-mig") as tmp:
+        node = start_node(cluster, kubelet_harness_binary, tmp, "dgx-a100-mig")
+        yield node
+        node.stop()
 
 
 def test_static_mig_instance(

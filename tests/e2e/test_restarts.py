@@ -13,7 +13,7 @@ import pytest
 from dra_driver.demo.runtime import ContainerRuntime
 from dra_driver.demo.stack import GpuNode
 from dra_driver.devcluster import Cluster, wait_until
-from tests.e2e.conftest import start_node
+from tests.e2e.conftest import short_tmp, start_node
 from tests.e2e.scenarios import (
     apply_example,
     claim_name_of,
@@ -30,13 +30,11 @@ def node(
     cluster: Cluster,
     driver_objects: list[str],
     kubelet_harness_binary: Path,
-    tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[GpuNode]:
-    started = start_node(
-        cluster, kubelet_harness_binary, tmp_path_factory.mktemp("restarts"), "dgx-a100"
-    )
-    yield started
-    started.stop()
+    with short_tmp("e2e-restarts") as tmp:
+        started = start_node(cluster, kubelet_harness_binary, tmp, "dgx-a100")
+        yield started
+        started.stop()
 
 
 def slice_uids(node: GpuNode) -> set[str]:

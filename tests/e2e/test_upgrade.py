@@ -17,7 +17,7 @@ import pytest
 from dra_driver.demo.runtime import ContainerRuntime
 from dra_driver.demo.stack import GpuNode, pin_to_node
 from dra_driver.devcluster import Cluster, wait_until
-from tests.e2e.conftest import start_node
+from tests.e2e.conftest import short_tmp, start_node
 from tests.e2e.scenarios import apply_example, claim_name_of, get_claim
 
 
@@ -26,14 +26,14 @@ def node(
     cluster: Cluster,
     driver_objects: list[str],
     kubelet_harness_binary: Path,
-    tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[GpuNode]:
-    started = start_node(
-        cluster, kubelet_harness_binary, tmp_path_factory.mktemp("upgrade"), "dgx-a100",
-        plugin_args=["--rolling-update-uid=0aaaaaaa-old"],
-    )  # fmt: skip
-    yield started
-    started.stop()
+    with short_tmp("e2e-upgrade") as tmp:
+        started = start_node(
+            cluster, kubelet_harness_binary, tmp, "dgx-a100",
+            plugin_args=["--rolling-update-uid=0aaaaaaa-old"],
+        )  # fmt: skip
+        yield started
+        started.stop()
 
 
 def records(log: Path, claim_uid: str, msg: str) -> list[dict]:
