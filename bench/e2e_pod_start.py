@@ -43,6 +43,7 @@ import argparse
 import json
 import re
 import secrets
+import shutil
 import statistics
 import sys
 import tempfile
@@ -102,6 +103,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pods", type=int, default=20)
     parser.add_argument("--json", action="store_true", help="print raw per-pod figures as JSON")
+    parser.add_argument("--keep", action="store_true", help="keep the work dir (logs)")
     args = parser.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="bench-e2e-", dir="/tmp"))
@@ -180,6 +182,8 @@ def main() -> int:
         if node is not None:
             node.stop()
         cluster.stop()
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":
