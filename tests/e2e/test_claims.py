@@ -294,3 +294,38 @@ def test_containers_get_only_the_devices_of_the_requests_they_name(
     assert gpu_device_nodes(run.containers["both"].stdout) == sorted(minor.values())
     node.delete_pod(ns, "split")
     assert node.cdi_specs() == {}
+
+
+def test_one_node_prepare_call_for_all_claims_of_a_pod(
+    cluster: Cluster,
+    cluster_namespace: str,
+    a100_node: GpuNode,
+    container_runtime: ContainerRuntime,
+) -> None:
+    """The kubelet batches every claim of a pod into one NodePrepareResources call
+    per driver; our plugin answers each claim and the container gets both GPUs."""
+    ns, node = cluster_namespace, a100_node
+    cluster.apply(gpu_claim("left", ns))
+    cluster.apply(gpu_claim("right", ns))
+    spec = pod("pair", {"resourceClaimName": "left"}, node.name, ns)
+    spec["spec"]["resourceClaims"].append({"name": "other", "resourceClaimName": "right"})
+    spec["spec"]["containers"][0]["resources"]["claims"].append({"name": "other"})
+    cluster.apply(spec)
+    calls_before = harness_calls(node, "Calling NodePrepareResources rpc")
+    run = node.run_pod(ns, "pair", container_runtime)
+    calls = harness_calls(node, "Calling NodePrepareResources rpc")[len(calls_before) :]
+    uids = [get_claim(cluster, ns, n)["metadata"]["uid"] for n in ("left", "right")]
+    assert len(calls) == 1, calls
+    assert all(uid in calls[0] for uid in uids)
+    assert len(run.prepared.containers["main"].cdi_devices) == 2
+    assert len(gpu_device_nodes(run.containers["main"].stdout)) == 2
+    node.delete_pod(ns, "pair")
+    assert node.cdi_specs() == {}
+    for name in ("left", "right"):
+        wait_deallocated(cluster, ns, name)
+
+
+def harness_calls(node: GpuNode, text: str) -> list[str]:
+    """Lines of the kubelet code's own log (klog -v=4) that contain ``text``."""
+    log = node.harness.log_path.read_text(errors="replace")
+    return [line for line in log.splitlines() if text in line]
