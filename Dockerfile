@@ -31,8 +31,9 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 COPY --from=build /wheels /wheels
 RUN pip install /wheels/*.whl && rm -rf /wheels \
  && useradd --system --uid 65532 --no-create-home --shell /usr/sbin/nologin dra
-# The NVIDIA libraries (libnvidia-ml.so) come from the host's driver root,
-# mounted by the chart at /driver-root; the loader finds them there.
-ENV LD_LIBRARY_PATH=/driver-root/usr/lib64:/driver-root/usr/lib/x86_64-linux-gnu
-ENTRYPOINT ["dra-driver"]
+# NVML (libnvidia-ml.so.1) comes from the host's driver root, mounted by the
+# chart at /driver-root; the entry point exposes that one library to the loader
+# (not the host's whole lib dir, which would shadow the image's libc).
+COPY deploy/image/entrypoint.sh /usr/local/bin/dra-driver-entrypoint
+ENTRYPOINT ["dra-driver-entrypoint"]
 CMD ["kubelet-plugin"]

@@ -42,7 +42,8 @@ def context_files() -> list[Path]:
 def test_build_context_is_only_the_package() -> None:
     files = context_files()
     tops = {f.parts[0] for f in files}
-    assert tops == {"pyproject.toml", "README.md", "dra_driver"}
+    assert tops == {"pyproject.toml", "README.md", "dra_driver", "deploy"}
+    assert [f for f in files if f.parts[0] == "deploy"] == [Path("deploy/image/entrypoint.sh")]
 
 
 def test_wheel_from_the_context_runs_the_entry_point(tmp_path: Path) -> None:
@@ -66,7 +67,8 @@ def test_wheel_from_the_context_runs_the_entry_point(tmp_path: Path) -> None:
     assert installed.returncode == 0, installed.stderr
     # The image's ENTRYPOINT is the console script; its CMD the kubelet plugin.
     dockerfile = (ROOT / "Dockerfile").read_text()
-    assert 'ENTRYPOINT ["dra-driver"]' in dockerfile
+    assert 'ENTRYPOINT ["dra-driver-entrypoint"]' in dockerfile
+    assert "COPY deploy/image/entrypoint.sh /usr/local/bin/dra-driver-entrypoint" in dockerfile
     assert 'CMD ["kubelet-plugin"]' in dockerfile
     assert (target / "bin" / "dra-driver").exists()
     env = {**os.environ, "PYTHONPATH": str(target)}
@@ -87,3 +89,34 @@ def test_wheel_from_the_context_runs_the_entry_point(tmp_path: Path) -> None:
     )  # fmt: skip
     assert usage.returncode == 0, usage.stderr
     assert "--kubelet-registry-dir" in usage.stdout
+
+
+def test_entrypoint_exposes_only_nvml_from_the_driver_root(tmp_path: Path) -> None:
+    """The host's lib dir must not be on the search path (its libc would shadow
+    the image's); only a link to libnvidia-ml.so.1 is."""
+    root = tmp_path / "driver-root"
+    lib = root / "usr" / "lib" / "x86_64-linux-gnu"
+    lib.mkdir(parents=True)
+    (lib / "libnvidia-ml.so.1").write_text("")
+    (lib / "libc.so.6").write_text("")
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir()
+    fake = fake_bin / "dra-driver"
+    fake.write_text(
+        '#!/bin/sh\necho "ARGS=$*"\necho "LD=$LD_LIBRARY_PATH"\nls "${LD_LIBRARY_PATH%%:*}"\n'
+    )
+    fake.chmod(0o755)
+    env = {"PATH": f"{fake_bin}:/usr/bin:/bin", "DRIVER_ROOT": str(root),
+           "TMPDIR": str(tmp_path / "tmp")}  # fmt: skip
+    (tmp_path / "tmp").mkdir()
+    done = subprocess.run(
+        [str(ROOT / "deploy" / "image" / "entrypoint.sh"), "kubelet-plugin", "--x=1"],
+        capture_output=True, text=True, env=env, check=False, timeout=30,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0] == "ARGS=kubelet-plugin --x=1"
+    private = tmp_path / "tmp" / "dra-driver-nvml"
+    assert lines[1] == f"LD={private}"
+    assert lines[2:] == ["libnvidia-ml.so.1"]
+    assert (private / "libnvidia-ml.so.1").resolve() == lib / "libnvidia-ml.so.1"
