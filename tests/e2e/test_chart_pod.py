@@ -61,7 +61,7 @@ def test_chart_container_registers_and_prepares(
     )  # fmt: skip
     harness.start()
     log = (work / "plugin.log").open("wb")
-    # The image's ENTRYPOINT is `dra-driver`; the chart gives the arguments.
+    # The image entry point execs `dra-driver` with the arguments the chart gives.
     plugin = subprocess.Popen(
         [sys.executable, "-m", "dra_driver", *container["args"]],
         env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
