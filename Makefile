@@ -2,7 +2,7 @@
 VENV ?= .venv
 PYTHON ?= python3
 
-.PHONY: venv k8s cluster test ci
+.PHONY: venv k8s demo cluster test ci
 
 # The venv is (re)installed when pyproject.toml changes.
 $(VENV)/.installed: pyproject.toml
@@ -16,6 +16,11 @@ venv: $(VENV)/.installed
 # Build (cold ~7 min on 2 cores) or reuse the Kubernetes control-plane binaries.
 k8s:
 	scripts/build-k8s.sh
+
+# The driver end to end on emulated GPUs: control plane, two emulated GPU nodes,
+# example claims through the kubelet's DRA code, CDI and runc.
+demo: venv
+	$(VENV)/bin/dra-driver demo
 
 # A real control plane in the foreground; prints the kubeconfig. Ctrl-C stops it.
 cluster: venv
