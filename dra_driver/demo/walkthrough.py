@@ -33,6 +33,19 @@ Print = Callable[[str], None]
 
 NODES = (("demo-dgx-a100", "dgx-a100"), ("demo-dgx-a100-mig", "dgx-a100-mig"))
 NAMESPACE = "demo"
+INTRO = (
+    "dra-driver demo: Dynamic Resource Allocation (DRA) of NVIDIA GPUs, end to end, here.",
+    "",
+    'With DRA a pod asks for devices through a ResourceClaim ("one GPU with >= 40 GiB").',
+    "Our driver publishes each node's GPUs as ResourceSlices; the scheduler picks devices",
+    "and writes them into the claim; on the node, the kubelet asks our plugin to prepare",
+    "them, and our plugin answers with CDI device IDs; a CDI spec file tells the container",
+    "runtime which device nodes, files and environment the container gets.",
+    "",
+    "Everything below is real: etcd, kube-apiserver, kube-scheduler, kube-controller-",
+    "manager, the kubelet's own DRA code (Go), the CDI library and runc. Only the GPUs",
+    "are emulated (an NVML stand-in and fake device files), so no GPU is needed.",
+)
 SUMMARY_HEAD = ("pod", "node", "devices", "outcome")
 SOCKET_PATH_MAX = 108
 """sun_path size on Linux, terminating NUL included."""
@@ -98,10 +111,8 @@ class _Walkthrough:
 
     def run(self) -> int:
         out = self.out
-        out("dra-driver demo: Dynamic Resource Allocation of NVIDIA GPUs, end to end, here.")
-        out(
-            "Real Kubernetes components and the kubelet's own DRA code; only the GPUs are emulated."
-        )
+        for line in INTRO:
+            out(line)
         out(f"Work directory (logs, CDI specs): {self.work}")
 
         self.step(1, "Starting a local control plane: etcd, kube-apiserver, kube-scheduler, "
