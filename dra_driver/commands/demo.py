@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
 from pathlib import Path
+from types import FrameType
 
 NAME = "demo"
 HELP = "run a local control plane with emulated GPU nodes and walk through example claims"
@@ -35,6 +37,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _interrupt(_signum: int, _frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
+
+
 def run(args: argparse.Namespace) -> int:
     from dra_driver.demo.walkthrough import DemoOptions, run_demo
     from dra_driver.devcluster.binaries import repo_root
@@ -46,6 +52,9 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if not args.verbose:
         logging.getLogger("dra_driver").setLevel(logging.WARNING)
+    # SIGTERM unwinds like Ctrl-C, so every process, MPS daemon and mount the
+    # demo started is stopped and removed on the way out.
+    signal.signal(signal.SIGTERM, _interrupt)
     options = DemoOptions(
         repo=repo,
         workdir=args.workdir,

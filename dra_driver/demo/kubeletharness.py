@@ -224,6 +224,11 @@ class KubeletHarness:
         """The kubelet's UnprepareResources, then the final delete of a terminating pod."""
         return self.call("unprepare", namespace=namespace, pod=pod, finalize=finalize)
 
+    def prepared_pods(self) -> list[tuple[str, str]]:
+        """(namespace, name) of pods prepared here and not unprepared yet."""
+        keys: list[str] = self.call("prepared")["pods"]
+        return [(k.split("/", 1)[0], k.split("/", 1)[1]) for k in keys]
+
     def set_running(self, namespace: str, pod: str) -> dict[str, Any]:
         return self.call("set_running", namespace=namespace, pod=pod)
 

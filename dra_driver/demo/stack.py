@@ -228,6 +228,16 @@ class GpuNode:
             proc.wait()
 
     def stop(self) -> None:
+        """Unprepare what is still prepared (MPS daemons, mounts, CDI specs would
+        outlive us otherwise), then stop the plugin and the harness."""
+        if self.plugin_running() and self.harness.running():
+            with contextlib.suppress(HarnessError):
+                for namespace, pod in self.harness.prepared_pods():
+                    try:
+                        self.harness.unprepare(namespace, pod, finalize=False)
+                    except HarnessError as err:
+                        logger.warning("cleanup: unprepare of %s/%s failed: %s",
+                                       namespace, pod, err)  # fmt: skip
         self.stop_plugin()
         self.harness.stop()
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"sort"
 	"sync"
 	"time"
 
@@ -27,6 +28,7 @@ const failedPrepareReason = "FailedPrepareDynamicResources"
 //	{"op":"prepare","namespace":NS,"pod":P}                 -> CDI IDs per container
 //	{"op":"unprepare","namespace":NS,"pod":P,"finalize":true}
 //	{"op":"set_running","namespace":NS,"pod":P}              -> pod status Running, like the status manager
+//	{"op":"prepared"}                                        -> pods prepared here and not unprepared
 //	{"op":"shutdown"}
 type request struct {
 	ID        any     `json:"id,omitempty"`
@@ -116,9 +118,18 @@ func (h *harness) dispatch(ctx context.Context, req *request) (map[string]any, b
 		return h.unprepare(ctx, req), false
 	case "set_running":
 		return h.setRunning(ctx, req), false
+	case "prepared":
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		pods := make([]string, 0, len(h.prepared))
+		for key := range h.prepared {
+			pods = append(pods, key)
+		}
+		sort.Strings(pods)
+		return map[string]any{"pods": pods}, false
 	default:
 		return map[string]any{"ok": false, "error": fmt.Sprintf("unknown op %q (allowed: ping, registrations, "+
-			"wait_registered, prepare, unprepare, set_running, shutdown)", req.Op)}, false
+			"wait_registered, prepare, unprepare, set_running, prepared, shutdown)", req.Op)}, false
 	}
 }
 
