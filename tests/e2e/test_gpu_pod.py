@@ -65,6 +65,12 @@ def test_one_gpu_by_memory_from_template_to_runc_and_back(
 
     pod = cluster.rest.get(f"/api/v1/namespaces/{ns}/pods/gpu-by-memory")
     assert pod["status"]["phase"] == "Running"
+    # Device health from our plugin's health stream, through the kubelet's code.
+    # (Unknown unless our plugin's DRAResourceHealth stream reported the device.)
+    (status,) = pod["status"]["containerStatuses"]
+    assert status["allocatedResourcesStatus"] == [
+        {"name": "claim:gpu", "resources": [{"resourceID": ids[0], "health": "Healthy"}]}
+    ]
 
     # Delete: the harness unprepares via the kubelet code, then finalizes.
     answer = a100_node.delete_pod(ns, "gpu-by-memory")

@@ -13,6 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/record"
+	"k8s.io/klog/v2"
 	"k8s.io/kubernetes/pkg/kubelet/cm/dra"
 )
 
@@ -27,7 +28,7 @@ const failedPrepareReason = "FailedPrepareDynamicResources"
 //	{"op":"wait_registered","driver":D,"after_seq":N,"timeout_s":T}
 //	{"op":"prepare","namespace":NS,"pod":P}                 -> CDI IDs per container
 //	{"op":"unprepare","namespace":NS,"pod":P,"finalize":true}
-//	{"op":"set_running","namespace":NS,"pod":P}              -> pod status Running, like the status manager
+//	{"op":"set_running","namespace":NS,"pod":P}              -> pod status Running with device health, like the status manager
 //	{"op":"prepared"}                                        -> pods prepared here and not unprepared
 //	{"op":"shutdown"}
 type request struct {
@@ -248,8 +249,16 @@ func (h *harness) setRunning(ctx context.Context, req *request) map[string]any {
 			State: v1.ContainerState{Running: &v1.ContainerStateRunning{StartedAt: now}},
 		})
 	}
-	if _, err := h.client.CoreV1().Pods(req.Namespace).UpdateStatus(ctx, pod, metav1.UpdateOptions{}); err != nil {
+	// Device health from the plugins' health streams, as the kubelet's status
+	// manager adds it (ResourceHealthStatus).
+	h.manager.UpdateAllocatedResourcesStatus(klog.FromContext(ctx), pod, &pod.Status)
+	updated, err := h.client.CoreV1().Pods(req.Namespace).UpdateStatus(ctx, pod, metav1.UpdateOptions{})
+	if err != nil {
 		return fail(err)
 	}
-	return nil
+	health := map[string]any{}
+	for _, cs := range updated.Status.ContainerStatuses {
+		health[cs.Name] = cs.AllocatedResourcesStatus
+	}
+	return map[string]any{"allocated_resources_status": health}
 }
