@@ -95,6 +95,8 @@ class PodRun:
     prepared: PrepareResult
     containers: dict[str, ContainerRun] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
+    health: dict[str, Any] = field(default_factory=dict)
+    """Per container: ``allocatedResourcesStatus`` the kubelet code put in the pod status."""
 
 
 class GpuNode:
@@ -335,7 +337,8 @@ class GpuNode:
                     cdi_dirs=[self.cdi_dir], cdi_ids=ids, argv=argv or ["/bin/true"],
                 )  # fmt: skip
         t3 = time.monotonic()
-        self.harness.set_running(namespace, pod)
+        status = self.harness.set_running(namespace, pod)
+        result.health = dict(status.get("allocated_resources_status") or {})
         result.timings = {"bind_s": t1 - t0, "prepare_s": t2 - t1, "containers_s": t3 - t2}
         return result
 

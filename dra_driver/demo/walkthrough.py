@@ -263,6 +263,10 @@ class _Walkthrough:
                     out(f"    claim {claim['name']} was already prepared for pod {first}: the "
                         "kubelet reuses it without calling our plugin again")  # fmt: skip
             out(f"    container {container!r} gets CDI devices: {', '.join(info.cdi_devices)}")
+            for entry in run.health.get(container) or []:
+                states = sorted({r.get("health", "?") for r in entry.get("resources") or []})
+                out(f"    device health the kubelet reports for {entry['name']}: "
+                    f"{', '.join(states)} (from our plugin's health stream)")  # fmt: skip
             result = run.containers.get(container)
             if result is not None:
                 status = "ran" if result.returncode == 0 else f"FAILED (exit {result.returncode})"
