@@ -1,0 +1,91 @@
+"""HTTP health endpoint for the kubelet's probes of the plugin pod.
+
+``GET /healthz`` (liveness): 200 while the gRPC sockets serve; 503 otherwise,
+so the kubelet restarts a plugin whose server died. ``GET /readyz``
+(readiness): 200 once registered with the kubelet and the ResourceSlices are
+in sync (:attr:`Readiness.ready`), else 503 with the problems. Both answer a
+small JSON body. Stdlib only: no client models, a few kB of RSS.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from dra_driver.plugin.app import Readiness
+
+
+class HealthServer:
+    """Serves ``/healthz`` and ``/readyz`` from a readiness callable in a thread."""
+
+    def __init__(
+        self,
+        *,
+        readiness: Callable[[], Readiness],
+        port: int,
+        logger: logging.Logger,
+        host: str = "",
+    ) -> None:
+        """``port`` 0 picks a free port (see :attr:`port`); ``host`` "" binds all addresses."""
+        self._readiness = readiness
+        self._log = logger
+        self._server = ThreadingHTTPServer((host, port), self._handler_class())
+        self._server.daemon_threads = True
+        self._thread: threading.Thread | None = None
+
+    @property
+    def port(self) -> int:
+        return int(self._server.server_address[1])
+
+    def start(self) -> None:
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, name="healthz", daemon=True
+        )
+        self._thread.start()
+        self._log.info("health endpoint listening", extra={"port": self.port})
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def answer(self, path: str) -> tuple[int, dict[str, Any]]:
+        """Status code and JSON body for ``path``; what the handler sends."""
+        if path not in ("/healthz", "/readyz"):
+            return 404, {"error": f"unknown path {path}; use /healthz or /readyz"}
+        try:
+            state = self._readiness()
+        except Exception as exc:  # a probe must answer, not hang or crash the thread
+            self._log.exception("readiness check failed")
+            return 503, {"ok": False, "problems": [f"readiness check failed: {exc}"]}
+        if path == "/healthz":
+            ok = state.serving
+            problems = [] if ok else ["gRPC sockets are not serving"]
+        else:
+            ok = state.ready
+            problems = state.problems
+        return (200 if ok else 503), {"ok": ok, "problems": problems}
+
+    def _handler_class(self) -> type[BaseHTTPRequestHandler]:
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                code, body = server.answer(self.path.split("?", 1)[0])
+                data = (json.dumps(body) + "\n").encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                """Probes every few seconds would flood the log; stay quiet."""
+
+        return Handler
