@@ -54,21 +54,21 @@ def add_host_arguments(parser: argparse.ArgumentParser) -> None:
         if os.environ.get("NVIDIA_DRIVER_ROOT")
         else None,
         help="root of the NVIDIA driver installation, e.g. /run/nvidia/driver with the GPU "
-        "operator (env NVIDIA_DRIVER_ROOT; default: the host root, or the emulated one)",
+        "operator (env NVIDIA_DRIVER_ROOT; default: the first of /, /run/nvidia/driver, "
+        "/usr/local/nvidia, /home/kubernetes/bin/nvidia with nvidia-smi; the emulated one "
+        "with --emulate)",
     )
 
 
 @contextmanager
 def gpu_host(args: argparse.Namespace) -> Iterator[tuple[HostPaths, EmulatedNode | None]]:
     """Host paths with NVML usable: real, or an emulated node installed into pynvml."""
-    from dra_driver.gpu.hostpaths import HostPaths
+    from dra_driver.gpu.hostpaths import HostPaths, find_driver_root
 
     with ExitStack() as stack:
         if args.emulate is None:
-            yield (
-                HostPaths(root=args.host_root, driver_root=args.driver_root or args.host_root),
-                None,
-            )
+            driver_root = args.driver_root or find_driver_root(HostPaths(root=args.host_root))
+            yield HostPaths(root=args.host_root, driver_root=driver_root or args.host_root), None
             return
         from dra_driver.gpu.emulation import EmulatedNode
 

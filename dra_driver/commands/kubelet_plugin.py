@@ -15,6 +15,7 @@ configure it through ``env``.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import signal
@@ -44,6 +45,17 @@ def _path(name: str, default: str | None) -> Path | None:
     return Path(value) if value else None
 
 
+def _port(text: str) -> int:
+    """argparse type: a TCP port, 0 (any free port) or -1 (off)."""
+    try:
+        port = int(text)
+    except ValueError:
+        port = -2
+    if not -1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port: use 1-65535, 0 or -1")
+    return port
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     node = _env("NODE_NAME")
     parser.add_argument(
@@ -63,6 +75,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=Path,
         default=_path("CDI_ROOT", "/var/run/cdi"),
         help="where claim CDI specs are written (env CDI_ROOT; default %(default)s)",
+    )
+    parser.add_argument(
+        "--host-driver-root",
+        type=Path,
+        default=_path("HOST_DRIVER_ROOT", None),
+        help="where the container runtime finds the driver root, when this process sees it "
+        "elsewhere (in the chart's pod it is mounted at /driver-root): CDI specs name "
+        "runtime paths (env HOST_DRIVER_ROOT; default: --driver-root)",
     )
     parser.add_argument(
         "--state-dir",
@@ -117,6 +137,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="seconds between device-health updates to the kubelet (default %(default)s)",
     )
     parser.add_argument(
+        "--health-port",
+        type=_port,
+        default=_env("HEALTH_PORT", "-1"),  # a str default goes through type= too
+        help="TCP port of the HTTP /healthz and /readyz endpoint for the pod's probes; "
+        "0 picks a free port, -1 serves none (env HEALTH_PORT; default: none)",
+    )
+    parser.add_argument(
         "--cleanup-interval",
         type=float,
         default=float(_env("CLEANUP_INTERVAL", "600") or 600),
@@ -126,14 +153,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--nvidia-smi",
         type=Path,
         default=_path("NVIDIA_SMI", None),
-        help="nvidia-smi to run (env NVIDIA_SMI; default <driver-root>/usr/bin/nvidia-smi)",
+        help="nvidia-smi to run (env NVIDIA_SMI; default: found under the driver root)",
     )
     parser.add_argument(
         "--mps-control",
         type=Path,
         default=_path("NVIDIA_MPS_CONTROL", None),
-        help="nvidia-cuda-mps-control to run (env NVIDIA_MPS_CONTROL; default "
-        "<driver-root>/usr/bin/nvidia-cuda-mps-control)",
+        help="nvidia-cuda-mps-control to run (env NVIDIA_MPS_CONTROL; default: found "
+        "under the driver root)",
     )
     parser.add_argument(
         "--uninstall-on-exit",
@@ -146,8 +173,10 @@ def run(args: argparse.Namespace) -> int:
     from dra_driver.gpu.discovery import DiscoveryError, discover
     from dra_driver.gpu.driver import GpuDriver
     from dra_driver.gpu.emulation import ProfileError
+    from dra_driver.gpu.hostpaths import HostPaths
     from dra_driver.gpu.sharing import GpuTools
     from dra_driver.plugin.app import KubeletPlugin, PluginSettings
+    from dra_driver.plugin.healthz import HealthServer
     from dra_driver.plugin.kubeclient import KubeError
 
     stop = threading.Event()
@@ -163,11 +192,11 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         with gpu_host(args) as (host, node):
-            tools = GpuTools(
-                nvidia_smi=args.nvidia_smi or host.driver("usr", "bin", "nvidia-smi"),
-                mps_control=args.mps_control
-                or host.driver("usr", "bin", "nvidia-cuda-mps-control"),
-                env={"LD_LIBRARY_PATH": str(host.driver("usr", "lib", "x86_64-linux-gnu"))},
+            tools = GpuTools.for_host(host)
+            tools = dataclasses.replace(
+                tools,
+                nvidia_smi=args.nvidia_smi or tools.nvidia_smi,
+                mps_control=args.mps_control or tools.mps_control,
             )
             if node is not None:
                 _install_emulated_tools(node.bin_dir, node.host.root / "emulation" / "tools.jsonl")
@@ -187,6 +216,11 @@ def run(args: argparse.Namespace) -> int:
                 cdi_dir=args.cdi_dir,
                 state_dir=state_dir,
                 tools=tools,
+                runtime_host=(
+                    HostPaths(root=host.root, driver_root=args.host_driver_root)
+                    if args.host_driver_root is not None
+                    else None
+                ),
                 logger=logging.getLogger("dra_driver.gpu"),
                 pool_name=args.node_name,
                 taint_degraded=args.taint_degraded,
@@ -207,10 +241,21 @@ def run(args: argparse.Namespace) -> int:
             signal.signal(signal.SIGTERM, on_stop)
             signal.signal(signal.SIGINT, on_stop)
             signal.signal(signal.SIGHUP, on_hup)
+            health: HealthServer | None = None
             try:
+                if args.health_port >= 0:
+                    # Before the sockets, so the startup probe answers (503) at once.
+                    health = HealthServer(
+                        readiness=plugin.readiness,
+                        port=args.health_port,
+                        logger=logging.getLogger("dra_driver.plugin"),
+                    )
+                    health.start()
                 plugin.start()
             except (KubeError, OSError) as exc:
                 plugin.stop()
+                if health is not None:
+                    health.stop()
                 print(f"dra-driver kubelet-plugin: cannot start: {exc}", file=sys.stderr)
                 return 1
             logger.info(
@@ -233,6 +278,8 @@ def run(args: argparse.Namespace) -> int:
                         plugin.republish()
             finally:
                 plugin.stop(uninstall=args.uninstall_on_exit)
+                if health is not None:
+                    health.stop()
     except (DiscoveryError, ProfileError, FileExistsError) as exc:
         print(f"dra-driver kubelet-plugin: {exc}", file=sys.stderr)
         return 1

@@ -11,6 +11,12 @@ What a container needs to use a GPU, and why each piece is there:
   device; with only its own caps it sees exactly that MIG device.
 - Driver libraries (``*.so.<driver version>`` and their SONAME links, mounted
   as files so no ldconfig hook is needed), tools and GSP firmware, read-only.
+  Libraries from a multiarch dir keep their path; those from ``lib64``,
+  ``usr/lib64`` or ``usr/lib`` (GKE-style ``/usr/local/nvidia``, RHEL hosts)
+  go to the node architecture's multiarch dir (``/usr/lib/x86_64-linux-gnu``),
+  which the loader of Debian- and Ubuntu-based images (CUDA, NGC, PyTorch)
+  searches without an ldconfig run; a container path the image's loader
+  never searches would leave ``libcuda.so.1`` unfound.
 
 Every device node is *fully specified* (type, major, minor, fileMode) from the
 host (majors from ``/proc/devices``), so a runtime creates it even where the
@@ -25,23 +31,16 @@ the same container would otherwise overwrite the first claim's value.
 
 from __future__ import annotations
 
+import platform
 import re
 import stat
 from dataclasses import dataclass
 from pathlib import Path
 
 from dra_driver.gpu.cdi import CdiError, ContainerEdits, DeviceNode, Mount
-from dra_driver.gpu.hostpaths import HostPaths
+from dra_driver.gpu.hostpaths import BIN_DIRS, LIB_DIRS, HostPaths
 from dra_driver.gpu.inventory import Gpu, MigInstance
 
-LIB_DIRS = (
-    "usr/lib/x86_64-linux-gnu",
-    "usr/lib/aarch64-linux-gnu",
-    "usr/lib64",
-    "usr/lib",
-    "lib/x86_64-linux-gnu",
-    "lib64",
-)
 BINARIES = (
     "nvidia-smi",
     "nvidia-debugdump",
@@ -49,8 +48,10 @@ BINARIES = (
     "nvidia-cuda-mps-control",
     "nvidia-cuda-mps-server",
 )
-BIN_DIRS = ("usr/bin", "usr/local/bin", "bin")
 RO_MOUNT = ("ro", "nosuid", "nodev", "rbind", "rprivate")
+MULTIARCH = {"x86_64": "usr/lib/x86_64-linux-gnu", "aarch64": "usr/lib/aarch64-linux-gnu"}
+FIRMWARE_DIRS = ("lib/firmware/nvidia", "firmware/nvidia")
+"""GSP firmware under a driver root: distro layout, then the GKE layout."""
 DEFAULT_NODE_MODE = 0o666
 DEFAULT_CAP_MODE = 0o444
 
@@ -183,25 +184,28 @@ class EditsBuilder:
         root = self._host.driver_root
         found: dict[str, Path] = {}
         suffix = f".so.{self._version}"
+        multiarch = MULTIARCH.get(platform.machine(), MULTIARCH["x86_64"])
         for rel in LIB_DIRS:
-            for libdir in (root / rel, root / rel / "vdpau"):
+            target = rel if rel.endswith("-linux-gnu") else multiarch
+            for libdir, dest in ((root / rel, target), (root / rel / "vdpau", f"{target}/vdpau")):
                 if not libdir.is_dir() or libdir.is_symlink():
                     continue
                 libs = {p.name for p in libdir.iterdir() if p.name.endswith(suffix)}
                 for entry in sorted(libdir.iterdir()):
-                    is_lib = entry.name in libs and entry.is_file()
+                    is_lib = entry.name in libs and entry.is_file() and not entry.is_symlink()
                     is_link = entry.is_symlink() and entry.readlink().name in libs
                     if is_lib or is_link:
-                        found.setdefault(f"/{entry.relative_to(root)}", entry)
+                        found.setdefault(f"/{dest}/{entry.name}", entry)
         for rel in BIN_DIRS:
             for name in BINARIES:
                 exe = root / rel / name
                 if exe.is_file() and f"/usr/bin/{name}" not in found:
                     found[f"/usr/bin/{name}"] = exe
-        fw = root / "lib/firmware/nvidia" / self._version
-        if fw.is_dir():
-            for blob in sorted(fw.glob("gsp*.bin")):
-                found[f"/{blob.relative_to(root)}"] = blob
+        for rel in FIRMWARE_DIRS:
+            fw = root / rel / self._version
+            if fw.is_dir():
+                for blob in sorted(fw.glob("gsp*.bin")):
+                    found.setdefault(f"/lib/firmware/nvidia/{self._version}/{blob.name}", blob)
         return tuple(
             Mount(host_path=self._runtime_path(p), container_path=c, options=RO_MOUNT)
             for c, p in sorted(found.items())

@@ -48,8 +48,13 @@ class GpuDriver:
         logger: logging.Logger,
         pool_name: str,
         taint_degraded: bool = False,
+        runtime_host: HostPaths | None = None,
     ) -> None:
-        """Runs the first discovery now, so a node without a usable driver fails at start."""
+        """Runs the first discovery now, so a node without a usable driver fails at start.
+
+        ``runtime_host`` is how the container runtime names the host's paths when
+        this process sees them elsewhere (see :class:`~dra_driver.gpu.cdiedits.EditsBuilder`).
+        """
         self._driver_name = driver_name
         self._pool_name = pool_name
         self._discover = discover
@@ -66,6 +71,7 @@ class GpuDriver:
             state_dir=state_dir,
             logger=logger,
             tools=tools,
+            runtime_host=runtime_host,
         )
 
     def _build(self, inventory: Inventory) -> Pool:

@@ -50,6 +50,7 @@ from dra_driver.gpu.sharing import (
     GpuTools,
     MpsDaemons,
     ToolError,
+    is_mps_id_of,
     mps_id,
     pinned_limits,
 )
@@ -344,7 +345,7 @@ class ClaimPreparer:
         applied = entry.get("applied") or {}
         ids = {m.get("id") for m in applied.get("mps", ()) if isinstance(m, dict)}
         for daemon_id in sorted({*filter(None, ids), *self._mps.ids_for_claim(uid)}):
-            if daemon_id.startswith(f"{uid}-") and "/" not in daemon_id:
+            if is_mps_id_of(daemon_id, uid):
                 self._mps.stop(daemon_id)
         for uuid in applied.get("timeSlicing", ()):
             self._best_effort(log, self._commands.set_timeslice, uuid, 0)

@@ -5,8 +5,8 @@ Time-slicing (full GPUs): ``nvidia-smi -i <uuid> -c DEFAULT`` then
 ``nvidia-smi compute-policy -i <uuid> --set-timeslice <0..3>``; undone with
 timeslice 0 (Default). MIG devices are always time-sliced and take no setting.
 
-MPS: one control daemon per claim and config group, id
-``<claimUID>-<5 hex of sha256(uuids)>``, under ``<state_dir>/mps/<id>/`` with
+MPS: one control daemon per claim and config group, id :func:`mps_id` (12 hex
+from the claim UID and the GPUs), under ``<state_dir>/mps/<id>/`` with
 ``pipe/`` (``CUDA_MPS_PIPE_DIRECTORY``, bind-mounted into the container at
 ``/tmp/nvidia-mps``), ``log/`` (``CUDA_MPS_LOG_DIRECTORY``, daemon only) and
 ``shm/``: a tmpfs (half of RAM by default, like NVIDIA's) that is the
@@ -28,6 +28,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -39,8 +40,13 @@ from pathlib import Path
 
 from dra_driver.gpu.cdi import ContainerEdits, Mount
 from dra_driver.gpu.config import MIB, ConfigError, Mps
+from dra_driver.gpu.hostpaths import HostPaths
 
 MPS_CONTAINER_PIPE = "/tmp/nvidia-mps"
+MPS_LONGEST_SOCKET = "control_privileged"
+"""The longest socket name the control daemon creates in its pipe dir (driver 580)."""
+SUN_PATH_MAX = 107
+"""Longest unix socket path (``sun_path`` is 108 bytes with the terminating NUL)."""
 
 
 class ToolError(Exception):
@@ -63,6 +69,17 @@ class GpuTools:
     mps_shm_size: str | None = "50%"
     """tmpfs ``size=`` of each MPS claim's shared ``/dev/shm``; None: no tmpfs and no
     separate ``/dev/shm`` for the daemon (only where CAP_SYS_ADMIN is missing)."""
+
+    @classmethod
+    def for_host(cls, host: HostPaths) -> GpuTools:
+        """The driver root's own tools, with its libraries first on the loader path
+        (the plugin image has no driver libraries of its own)."""
+        libs = host.driver_lib_dirs()
+        return cls(
+            nvidia_smi=host.driver_tool("nvidia-smi"),
+            mps_control=host.driver_tool("nvidia-cuda-mps-control"),
+            env={"LD_LIBRARY_PATH": ":".join(map(str, libs))} if libs else {},
+        )
 
 
 class GpuCommands:
@@ -109,9 +126,25 @@ class GpuCommands:
         )
 
 
+def _claim_prefix(claim_uid: str) -> str:
+    return hashlib.sha256(claim_uid.encode()).hexdigest()[:8]
+
+
+def is_mps_id_of(daemon_id: str, claim_uid: str) -> bool:
+    """Whether ``daemon_id`` (e.g. read from the checkpoint) is one of this claim's: never
+    stop, or remove the dir of, a daemon of another claim."""
+    return re.fullmatch(r"[0-9a-f]{12}", daemon_id) is not None and daemon_id.startswith(
+        _claim_prefix(claim_uid)
+    )
+
+
 def mps_id(claim_uid: str, uuids: Sequence[str]) -> str:
-    digest = hashlib.sha256(",".join(uuids).encode()).hexdigest()[:5]
-    return f"{claim_uid}-{digest}"
+    """12 hex: 8 of the claim UID's hash (found again by :meth:`MpsDaemons.ids_for_claim`)
+    and 4 of the GPUs'. Short because the daemon's sockets live in its pipe dir and a
+    unix socket path has 107 bytes: ``<uid>-<hash>`` under the kubelet's plugins dir
+    made ``.../pipe/control_privileged`` 110 bytes, and the real daemon exited 1."""
+    digest = hashlib.sha256(",".join(uuids).encode()).hexdigest()[:4]
+    return f"{_claim_prefix(claim_uid)}{digest}"
 
 
 def pinned_limits(mps: Mps, uuids: Sequence[str], where: str) -> dict[str, int]:
@@ -163,6 +196,13 @@ class MpsDaemons:
         }
 
     def make_dirs(self, daemon_id: str) -> None:
+        socket = self.pipe_dir(daemon_id) / MPS_LONGEST_SOCKET
+        if len(os.fsencode(socket)) > SUN_PATH_MAX:
+            raise ToolError(
+                f"MPS pipe dir {self.pipe_dir(daemon_id)} is too deep: the daemon's socket "
+                f"{socket} would be {len(os.fsencode(socket))} bytes, over the "
+                f"{SUN_PATH_MAX} a unix socket allows; use a shorter --state-dir"
+            )
         base = self.base(daemon_id)
         for d in (base, base / "pipe", base / "log", base / "shm"):
             d.mkdir(mode=0o755, parents=True, exist_ok=True)
@@ -261,4 +301,5 @@ class MpsDaemons:
     def ids_for_claim(self, claim_uid: str) -> list[str]:
         if not self._root.is_dir():
             return []
-        return sorted(p.name for p in self._root.glob(f"{claim_uid}-*") if p.is_dir())
+        prefix = _claim_prefix(claim_uid)
+        return sorted(p.name for p in self._root.glob(f"{prefix}????") if p.is_dir())

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.prepare.hosttree import Node, make_node
+from tests.prepare.hosttree import STATE_PREFIX, Node, make_node
 
 
 @pytest.fixture
@@ -17,3 +19,17 @@ def node(tmp_path: Path) -> Iterator[Node]:
     yield n
     for pid in n.live_daemons():  # never leave a daemon behind, even when a test failed
         os.kill(pid, 9)
+
+
+@pytest.fixture(autouse=True)
+def _short_state_dirs() -> Iterator[None]:
+    """Remove the /tmp dirs of :func:`state_dir_for` a test made, with any tmpfs left
+    mounted in them by a failed test."""
+    before = set(Path("/tmp").glob(f"{STATE_PREFIX}*"))
+    yield
+    for made in set(Path("/tmp").glob(f"{STATE_PREFIX}*")) - before:
+        mountinfo = Path("/proc/self/mountinfo").read_text().splitlines()
+        for point in (line.split()[4] for line in mountinfo):
+            if point.startswith(f"{made}/"):
+                subprocess.run(["umount", "--lazy", point], check=False)
+        shutil.rmtree(made, ignore_errors=True)

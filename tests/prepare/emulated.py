@@ -13,6 +13,7 @@ from dra_driver.gpu.inventory import Inventory
 from dra_driver.gpu.naming import devices_by_name
 from dra_driver.gpu.preparing import ClaimPreparer
 from dra_driver.gpu.sharing import GpuTools
+from tests.prepare.hosttree import state_dir_for
 
 PROFILES_DIR = Path(__file__).parents[2] / "dra_driver" / "gpu" / "emulation" / "profiles"
 PROFILES = sorted(p.stem for p in PROFILES_DIR.glob("*.yaml") if p.stem != "models")
@@ -53,4 +54,4 @@ def emulated(profile: str, root: Path) -> EmulatedSetup:
     tools = GpuTools(
         nvidia_smi=paths[gputools.NVIDIA_SMI], mps_control=paths[gputools.MPS_CONTROL], timeout_s=10
     )
-    return EmulatedSetup(node, inventory, record, tools, root / "cdi", root / "plugin")
+    return EmulatedSetup(node, inventory, record, tools, root / "cdi", state_dir_for(root))

@@ -9,6 +9,7 @@ are real executables that record what they were asked.
 from __future__ import annotations
 
 import logging
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -133,11 +134,12 @@ class Node:
         return [c for c in gputools.read_record(self.record) if tool is None or c["tool"] == tool]
 
     def mounts(self) -> list[str]:
-        """Mount points under this node's root (MPS shm tmpfs) in this process's view."""
+        """Mount points under this node's root or state dir (MPS shm tmpfs), as this
+        process sees them."""
         found = []
         for line in Path("/proc/self/mountinfo").read_text().splitlines():
             point = line.split()[4].encode().decode("unicode_escape")
-            if point.startswith(f"{self.root}/"):
+            if point.startswith((f"{self.root}/", f"{self.state_dir}/")):
                 found.append(point)
         return found
 
@@ -158,6 +160,24 @@ class Node:
         return pids
 
 
+STATE_PREFIX = "st-"
+
+
+def state_dir_for(root: Path) -> Path:
+    """``<root>/plugin``, resolved through a link to a short dir under /tmp.
+
+    The MPS control daemon makes its sockets in ``<state>/mps/<id>/pipe`` and a unix
+    socket path has 107 bytes; pytest's tmp paths are too long for that, as a real
+    daemon would show (and :class:`MpsDaemons` refuses them up front).
+    """
+    link = root / "plugin"
+    if not link.is_symlink():
+        link.parent.mkdir(parents=True, exist_ok=True)
+        # "s" itself is left to the tests, some of which expect no state dir yet.
+        link.symlink_to(Path(tempfile.mkdtemp(prefix=STATE_PREFIX, dir="/tmp")) / "s")
+    return link.resolve()
+
+
 def make_node(root: Path) -> Node:
     host = build_host(root)
     record = root / "gputools.jsonl"
@@ -174,7 +194,7 @@ def make_node(root: Path) -> Node:
         record=record,
         tools=tools,
         cdi_dir=root / "run" / "cdi",
-        state_dir=root / "plugin",
+        state_dir=state_dir_for(root),
     )
 
 
@@ -223,5 +243,5 @@ def open_node(root: Path) -> Node:
             timeout_s=10,
         ),
         cdi_dir=root / "run" / "cdi",
-        state_dir=root / "plugin",
+        state_dir=state_dir_for(root),
     )

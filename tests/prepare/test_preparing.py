@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import logging
 import stat
 import threading
 import time
@@ -11,9 +13,10 @@ from pathlib import Path
 import pytest
 
 from dra_driver.gpu.checkpoint import FILE_NAME
+from dra_driver.gpu.sharing import GpuCommands, GpuTools, MpsDaemons, mps_id
 from dra_driver.plugin.backend import PrepareError
 from dra_driver.plugin.claims import ClaimRef
-from tests.prepare.hosttree import MIG_CAPS, Node, claim, gpu_config
+from tests.prepare.hosttree import MIG_CAPS, Node, claim, gpu_config, make_node
 
 UID = "0a1b2c3d-0000-4000-8000-000000000001"
 UID2 = "0a1b2c3d-0000-4000-8000-000000000002"
@@ -209,7 +212,7 @@ def test_mps_daemon_is_real_limited_and_stopped(node: Node) -> None:
     env = started[0]["env"]
     assert env["CUDA_VISIBLE_DEVICES"] == f"{gpus[4].uuid},{gpus[5].uuid}"
     pipe = env["CUDA_MPS_PIPE_DIRECTORY"]
-    assert pipe.startswith(str(node.state_dir / "mps" / f"{UID}-"))
+    assert pipe == str(node.state_dir / "mps" / mps_id(UID, [gpus[4].uuid, gpus[5].uuid]) / "pipe")
     assert env["CUDA_MPS_LOG_DIRECTORY"].endswith("/log")
     smi = [c["argv"] for c in node.calls("nvidia-smi")]
     assert ["-i", gpus[4].uuid, "-c", "EXCLUSIVE_PROCESS"] in smi
@@ -374,3 +377,31 @@ def test_late_loaded_uvm_module_reaches_the_next_claims_spec(node: Node) -> None
     spec = json.loads(spec_file(node, UID2).read_text())
     paths = [n["path"] for n in spec["containerEdits"]["deviceNodes"]]
     assert paths == ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"]
+
+
+def test_mps_sockets_fit_under_the_default_kubelet_dir() -> None:
+    # Seen on a real H100: with `<claim UID>-<hash>` ids the daemon's socket path was
+    # 110 bytes here and nvidia-cuda-mps-control -d exited 1.
+    daemons = MpsDaemons(
+        root=Path("/var/lib/kubelet/plugins/gpu.nvidia.com/mps"),
+        commands=GpuCommands(tools=GpuTools(), logger=logging.getLogger("t")),
+        tools=GpuTools(),
+    )
+    daemon_id = mps_id(UID, ["GPU-" + "f" * 36] * 8)
+    assert len(str(daemons.pipe_dir(daemon_id) / "control_privileged")) <= 107
+
+
+def test_a_state_dir_too_deep_for_mps_sockets_fails_clearly_and_leaves_nothing(
+    tmp_path: Path,
+) -> None:
+    node = dataclasses.replace(make_node(tmp_path / "n"), state_dir=tmp_path / ("d" * 90))
+    p = node.preparer()
+    cfg = gpu_config({"strategy": "MPS"})
+    with pytest.raises(PrepareError, match=r"too deep.*over the 107 a unix socket allows"):
+        p.prepare(claim(configs=[cfg]))
+    assert node.live_daemons() == []
+    assert not any(node.cdi_dir.glob("*.json"))
+    assert not any((node.state_dir / "mps").glob("*"))
+    assert p.prepared_claims() == []
+    gpus = node.inventory.gpus
+    assert ["-i", gpus[0].uuid, "-c", "DEFAULT"] in [c["argv"] for c in node.calls("nvidia-smi")]
