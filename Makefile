@@ -2,7 +2,7 @@
 VENV ?= .venv
 PYTHON ?= python3
 
-.PHONY: venv k8s demo cluster test ci
+.PHONY: venv k8s demo cluster test test-gpu ci
 
 # The venv is (re)installed when pyproject.toml changes.
 $(VENV)/.installed: pyproject.toml
@@ -29,6 +29,10 @@ cluster: venv
 # The whole suite: ruff, mypy, import contracts, pytest (all tiers).
 test: venv
 	scripts/test
+
+# Tier 5 on a real GPU node (root): not part of `test`, CI has no GPU.
+test-gpu: venv
+	PYTHON=$(VENV)/bin/python scripts/test-gpu
 
 ci:
 	.ci/run

@@ -11,9 +11,13 @@ calls it, on an emulated 8-GPU node (``dgx-h100``) with the emulated GPU tools
 - ``repeat``: a second prepare of an already prepared claim (idempotent path);
 - checkpoint ``save`` with 0 and 100 other claims recorded, and lock + load.
 
+With ``--real`` it runs on this node's real GPUs and driver instead (root; the
+real ``nvidia-smi`` and MPS daemon; ``all-gpu`` is every GPU of the node, and
+``timeslice`` a claim with ``interval: Long``).
+
 The kubelet's socket round trip and the claim GET are measured separately by
 ``bench/plugin_prepare.py``; a NodePrepareResources call costs about their sum.
-Run: ``.venv/bin/python -m bench.prepare_latency [--rounds N] [--json]``.
+Run: ``.venv/bin/python -m bench.prepare_latency [--rounds N] [--json] [--real]``.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from dra_driver.gpu.checkpoint import CheckpointStore
 from dra_driver.gpu.discovery import discover
 from dra_driver.gpu.emulation import gputools
 from dra_driver.gpu.emulation.node import EmulatedNode
+from dra_driver.gpu.hostpaths import HostPaths, find_driver_root
 from dra_driver.gpu.preparing import ClaimPreparer
 from dra_driver.gpu.sharing import GpuTools
 from dra_driver.plugin.claims import AllocatedDevice, Claim, ClaimRef, OpaqueConfig
@@ -44,6 +49,17 @@ MPS = OpaqueConfig(
         "apiVersion": "resource.nvidia.com/v1beta1",
         "kind": "GpuConfig",
         "sharing": {"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 50}},
+    },
+)
+
+
+TIMESLICE = OpaqueConfig(
+    source="FromClaim",
+    requests=(),
+    parameters={
+        "apiVersion": "resource.nvidia.com/v1beta1",
+        "kind": "GpuConfig",
+        "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}},
     },
 )
 
@@ -72,33 +88,45 @@ def make_claim(devices: list[str], configs: tuple[OpaqueConfig, ...] = ()) -> Cl
     )
 
 
-def run(rounds: int) -> dict[str, Any]:
+def run(rounds: int, real: bool = False) -> dict[str, Any]:
     logging.basicConfig(level=logging.WARNING)
     log = logging.getLogger("bench.prepare")
     with tempfile.TemporaryDirectory(prefix="prepare-bench-") as tmp:
         root = Path(tmp)
-        node = EmulatedNode.create("dgx-h100", root / "host")
-        with node.nvml():
-            inventory = discover(node.host, log)
-        paths = gputools.install(node.bin_dir, root / "tools.jsonl")
+        if real:
+            driver_root = find_driver_root(HostPaths())
+            host = HostPaths(driver_root=driver_root or Path("/"))
+            inventory = discover(host, log)
+            tools = GpuTools.for_host(host)
+            label = f"real {inventory.gpus[0].product_name}, driver {inventory.driver_version}"
+        else:
+            node = EmulatedNode.create("dgx-h100", root / "host")
+            with node.nvml():
+                inventory = discover(node.host, log)
+            host = node.host
+            paths = gputools.install(node.bin_dir, root / "tools.jsonl")
+            tools = GpuTools(
+                nvidia_smi=paths[gputools.NVIDIA_SMI], mps_control=paths[gputools.MPS_CONTROL]
+            )
+            label = "emulated dgx-h100"
         preparer = ClaimPreparer(
             driver_name="gpu.nvidia.com",
             inventory=lambda: inventory,
-            host=node.host,
+            host=host,
             cdi_dir=root / "cdi",
             state_dir=root / "plugin",
             logger=log,
-            tools=GpuTools(
-                nvidia_smi=paths[gputools.NVIDIA_SMI], mps_control=paths[gputools.MPS_CONTROL]
-            ),
+            tools=tools,
         )
         gpus = [f"gpu-{g.minor}" for g in inventory.gpus]
-        results: dict[str, Any] = {"node": "emulated dgx-h100", "gpus": len(gpus)}
+        results: dict[str, Any] = {"node": label, "gpus": len(gpus)}
         scenarios: dict[str, tuple[list[str], tuple[OpaqueConfig, ...], int]] = {
             "1-gpu": (gpus[:1], (), rounds),
-            "8-gpu": (gpus, (), rounds),
+            "all-gpu" if real else "8-gpu": (gpus, (), rounds),
             "mps": (gpus[:1], (MPS,), max(5, rounds // 4)),
         }
+        if real:
+            scenarios["timeslice"] = (gpus[:1], (TIMESLICE,), max(5, rounds // 4))
         for name, (devices, configs, n) in scenarios.items():
             prep, unprep, repeat = [], [], []
             for _ in range(n):
@@ -113,7 +141,7 @@ def run(rounds: int) -> dict[str, Any]:
             }
         store = CheckpointStore(
             state_dir=root / "ckpt",
-            boot_id_path=node.host.proc("sys", "kernel", "random", "boot_id"),
+            boot_id_path=host.proc("sys", "kernel", "random", "boot_id"),
         )
         for others in (0, 100):
             with store.locked() as cp:
@@ -147,8 +175,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=100)
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.add_argument("--real", action="store_true", help="this node's real GPUs (root)")
     args = parser.parse_args()
-    results = run(args.rounds)
+    results = run(args.rounds, real=args.real)
     if args.json:
         print(json.dumps(results, indent=2))
         return
@@ -156,7 +185,7 @@ def main() -> None:
     for key, value in results.items():
         if isinstance(value, dict) and "prepare" in value:
             for op, stats in value.items():
-                print(f"  {key:8} {op:15} {_fmt(stats)}")
+                print(f"  {key:9} {op:15} {_fmt(stats)}")
         elif isinstance(value, dict):
             print(f"  {key:40} {_fmt(value)}")
 

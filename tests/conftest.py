@@ -17,6 +17,9 @@ import pytest
 
 from dra_driver.devcluster import BinariesError, Cluster, ComponentError, find_binaries
 
+# Tier 5 needs a real GPU: `make test-gpu` (scripts/test-gpu) runs it on a GPU node.
+collect_ignore = ["realgpu"]
+
 
 @pytest.fixture(scope="session")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
