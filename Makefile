@@ -2,7 +2,7 @@
 VENV ?= .venv
 PYTHON ?= python3
 
-.PHONY: venv k8s demo cluster test test-gpu ci
+.PHONY: venv k8s demo cluster test test-gpu bench ci
 
 # The venv is (re)installed when pyproject.toml changes.
 $(VENV)/.installed: pyproject.toml
@@ -33,6 +33,10 @@ test: venv
 # Tier 5 on a real GPU node (root): not part of `test`, CI has no GPU.
 test-gpu: venv
 	PYTHON=$(VENV)/bin/python scripts/test-gpu
+
+# Benchmarks (figures in the README); not tests, nothing asserts a time.
+bench: venv
+	DRA_K8S_BIN_DIR=$$(scripts/build-k8s.sh) sh -c 'for b in prepare_latency inventory_discovery plugin_prepare prepare_socket e2e_pod_start; do echo "== bench.$$b"; $(VENV)/bin/python -m bench.$$b || exit 1; done'
 
 ci:
 	.ci/run
