@@ -25,7 +25,7 @@ LIB_DIRS = (
 BIN_DIRS = ("usr/bin", "usr/local/bin", "bin")
 """Binary dirs searched under a driver root (``bin`` for the GKE layout)."""
 DRIVER_ROOT_CANDIDATES = (
-    "/",
+    ".",  # the host root itself (a distro or runfile install)
     "run/nvidia/driver",
     "usr/local/nvidia",
     "home/kubernetes/bin/nvidia",

@@ -47,6 +47,15 @@ def test_the_driver_root_is_where_nvml_is_not_where_links_are(tmp_path: Path) ->
     assert find_driver_root(HostPaths(root=tmp_path)) == nv
 
 
+def test_a_distro_install_is_its_own_driver_root(tmp_path: Path) -> None:
+    gke_node(tmp_path)  # a later candidate never wins over the host root itself
+    lib = tmp_path / "usr/lib/x86_64-linux-gnu"
+    lib.mkdir(parents=True)
+    (lib / f"libnvidia-ml.so.{VERSION}").write_bytes(b"\x7fELF")
+    (lib / "libnvidia-ml.so.1").symlink_to(f"libnvidia-ml.so.{VERSION}")
+    assert find_driver_root(HostPaths(root=tmp_path)) == tmp_path
+
+
 def test_no_driver_root_without_nvml(tmp_path: Path) -> None:
     (tmp_path / "usr/bin").mkdir(parents=True)
     (tmp_path / "usr/bin/nvidia-smi").write_text("#!/bin/sh\n")
