@@ -128,7 +128,9 @@ class GpuNode:
         self.host_root = workdir / "host"
         self.kubelet_root = workdir / "kubelet"
         self.cdi_dir = workdir / "cdi"
-        self.state_dir = self.kubelet_root / "plugins" / driver
+        # Not under kubelet/plugins/<driver> as on a node: an MPS daemon's sockets live
+        # in <state>/mps/<id>/pipe and must stay under 108 bytes from deep work dirs.
+        self.state_dir = workdir / "state"
         self.plugin_log = workdir / "plugin.log"
         self.harness = KubeletHarness(
             binary=harness_binary,
@@ -182,6 +184,7 @@ class GpuNode:
             f"--cdi-dir={self.cdi_dir}",
             f"--kubelet-registry-dir={self.harness.registry_dir}",
             f"--kubelet-plugins-dir={self.harness.plugins_dir}",
+            f"--state-dir={self.state_dir}",
             f"--kubeconfig={self.kubeconfig}",
             "--rediscover-interval=0",
             *self.plugin_args,
