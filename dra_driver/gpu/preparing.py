@@ -124,6 +124,9 @@ class ClaimPreparer:
         )
         self._commands = GpuCommands(tools=tools, logger=logger)
         self._mps = MpsDaemons(root=state_dir / "mps", commands=self._commands, tools=tools)
+        problem = self._mps.depth_problem()
+        if problem is not None:  # said at start, not first when an MPS claim arrives
+            logger.warning("MPS claims will fail on this node: %s", problem)
         self._on_step = on_step or (lambda _name: None)
         self._builder_cache: EditsBuilder | None = None
 

@@ -195,14 +195,21 @@ class MpsDaemons:
             "CUDA_VISIBLE_DEVICES": ",".join(uuids),
         }
 
-    def make_dirs(self, daemon_id: str) -> None:
+    def depth_problem(self, daemon_id: str = "0" * 12) -> str | None:
+        """Why the daemon could not make its sockets under this root, or None."""
         socket = self.pipe_dir(daemon_id) / MPS_LONGEST_SOCKET
-        if len(os.fsencode(socket)) > SUN_PATH_MAX:
-            raise ToolError(
-                f"MPS pipe dir {self.pipe_dir(daemon_id)} is too deep: the daemon's socket "
-                f"{socket} would be {len(os.fsencode(socket))} bytes, over the "
-                f"{SUN_PATH_MAX} a unix socket allows; use a shorter --state-dir"
-            )
+        if len(os.fsencode(socket)) <= SUN_PATH_MAX:
+            return None
+        return (
+            f"MPS pipe dir {self.pipe_dir(daemon_id)} is too deep: the daemon's socket "
+            f"{socket} would be {len(os.fsencode(socket))} bytes, over the "
+            f"{SUN_PATH_MAX} a unix socket allows; use a shorter --state-dir"
+        )
+
+    def make_dirs(self, daemon_id: str) -> None:
+        problem = self.depth_problem(daemon_id)
+        if problem is not None:
+            raise ToolError(problem)
         base = self.base(daemon_id)
         for d in (base, base / "pipe", base / "log", base / "shm"):
             d.mkdir(mode=0o755, parents=True, exist_ok=True)

@@ -392,10 +392,12 @@ def test_mps_sockets_fit_under_the_default_kubelet_dir() -> None:
 
 
 def test_a_state_dir_too_deep_for_mps_sockets_fails_clearly_and_leaves_nothing(
-    tmp_path: Path,
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     node = dataclasses.replace(make_node(tmp_path / "n"), state_dir=tmp_path / ("d" * 90))
-    p = node.preparer()
+    with caplog.at_level(logging.WARNING):
+        p = node.preparer()
+    assert "MPS claims will fail on this node" in caplog.text  # said at start already
     cfg = gpu_config({"strategy": "MPS"})
     with pytest.raises(PrepareError, match=r"too deep.*over the 107 a unix socket allows"):
         p.prepare(claim(configs=[cfg]))
