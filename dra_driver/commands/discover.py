@@ -55,8 +55,8 @@ def add_host_arguments(parser: argparse.ArgumentParser) -> None:
         else None,
         help="root of the NVIDIA driver installation, e.g. /run/nvidia/driver with the GPU "
         "operator (env NVIDIA_DRIVER_ROOT; default: the first of /, /run/nvidia/driver, "
-        "/usr/local/nvidia, /home/kubernetes/bin/nvidia with nvidia-smi; the emulated one "
-        "with --emulate)",
+        "/usr/local/nvidia, /home/kubernetes/bin/nvidia that holds libnvidia-ml.so.<version> "
+        "as a file; the emulated one with --emulate)",
     )
 
 

@@ -41,12 +41,11 @@ from pathlib import Path
 from dra_driver.gpu.cdi import ContainerEdits, Mount
 from dra_driver.gpu.config import MIB, ConfigError, Mps
 from dra_driver.gpu.hostpaths import HostPaths
+from dra_driver.plugin.sockets import MAX_SOCKET_PATH
 
 MPS_CONTAINER_PIPE = "/tmp/nvidia-mps"
 MPS_LONGEST_SOCKET = "control_privileged"
 """The longest socket name the control daemon creates in its pipe dir (driver 580)."""
-SUN_PATH_MAX = 107
-"""Longest unix socket path (``sun_path`` is 108 bytes with the terminating NUL)."""
 
 
 class ToolError(Exception):
@@ -198,12 +197,12 @@ class MpsDaemons:
     def depth_problem(self, daemon_id: str = "0" * 12) -> str | None:
         """Why the daemon could not make its sockets under this root, or None."""
         socket = self.pipe_dir(daemon_id) / MPS_LONGEST_SOCKET
-        if len(os.fsencode(socket)) <= SUN_PATH_MAX:
+        if len(os.fsencode(socket)) <= MAX_SOCKET_PATH:
             return None
         return (
             f"MPS pipe dir {self.pipe_dir(daemon_id)} is too deep: the daemon's socket "
             f"{socket} would be {len(os.fsencode(socket))} bytes, over the "
-            f"{SUN_PATH_MAX} a unix socket allows; use a shorter --state-dir"
+            f"{MAX_SOCKET_PATH} a unix socket allows; use a shorter --state-dir"
         )
 
     def make_dirs(self, daemon_id: str) -> None:
