@@ -42,26 +42,21 @@ from dra_driver.gpu.preparing import ClaimPreparer
 from dra_driver.gpu.sharing import GpuTools
 from dra_driver.plugin.claims import AllocatedDevice, Claim, ClaimRef, OpaqueConfig
 
-MPS = OpaqueConfig(
-    source="FromClaim",
-    requests=(),
-    parameters={
-        "apiVersion": "resource.nvidia.com/v1beta1",
-        "kind": "GpuConfig",
-        "sharing": {"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 50}},
-    },
-)
+
+def gpu_config(sharing: dict[str, Any]) -> OpaqueConfig:
+    return OpaqueConfig(
+        source="FromClaim",
+        requests=(),
+        parameters={
+            "apiVersion": "resource.nvidia.com/v1beta1",
+            "kind": "GpuConfig",
+            "sharing": sharing,
+        },
+    )
 
 
-TIMESLICE = OpaqueConfig(
-    source="FromClaim",
-    requests=(),
-    parameters={
-        "apiVersion": "resource.nvidia.com/v1beta1",
-        "kind": "GpuConfig",
-        "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}},
-    },
-)
+MPS = gpu_config({"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 50}})
+TIMESLICE = gpu_config({"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}})
 
 
 def percentiles(samples: list[float]) -> dict[str, float]:

@@ -34,8 +34,9 @@ from dra_driver.gpu.hostpaths import HostPaths, find_driver_root
 from dra_driver.gpu.inventory import Gpu, Inventory
 from dra_driver.gpu.preparing import ClaimPreparer
 from dra_driver.gpu.sharing import GpuTools
-from dra_driver.plugin.claims import AllocatedDevice, Claim, ClaimRef, OpaqueConfig
+from dra_driver.plugin.claims import Claim
 from dra_driver.plugin.resources import Version
+from tests.prepare.hosttree import claim, gpu_config
 
 REPO = Path(__file__).parents[2]
 MIB = 1024 * 1024
@@ -180,20 +181,10 @@ def preparer(host: HostPaths, tools: GpuTools, tmp_path: Path) -> Iterator[Claim
     shutil.rmtree(state, ignore_errors=True)
 
 
-def claim(device: str, *configs: dict[str, object]) -> Claim:
-    return Claim(
-        ref=ClaimRef("ns", "real", str(uuid.uuid4())),
-        devices=(AllocatedDevice("gpu", "node", device),),
-        configs=tuple(
-            OpaqueConfig(
-                source="FromClaim",
-                requests=(),
-                parameters={"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig",
-                            **c},
-            )
-            for c in configs
-        ),
-    )  # fmt: skip
+def real_claim(device: str, sharing: dict[str, object] | None = None) -> Claim:
+    """A fresh claim (new UID) on one device, with a GpuConfig when ``sharing`` is given."""
+    configs = [gpu_config(sharing)] if sharing is not None else []
+    return claim(uid=str(uuid.uuid4()), devices=[("gpu", device)], configs=configs)
 
 
 def spec_of(cdi_dir: Path) -> dict:
@@ -205,7 +196,7 @@ def test_prepare_uses_the_hosts_device_nodes_and_driver_files(
     preparer: ClaimPreparer, inventory: Inventory, tmp_path: Path
 ) -> None:
     gpu = min(inventory.gpus, key=lambda g: g.minor)
-    c = claim(f"gpu-{gpu.minor}")
+    c = real_claim(f"gpu-{gpu.minor}")
     (prepared,) = preparer.prepare(c)
     spec = spec_of(tmp_path / "cdi")
     record("CDI spec for one real GPU", json.dumps(spec, indent=1))
@@ -267,7 +258,7 @@ def test_container_runs_nvidia_smi_on_exactly_its_gpu(
 ) -> None:
     """Our spec through the real CDI library and runc: NVIDIA's tool works inside."""
     gpu = min(inventory.gpus, key=lambda g: g.minor)
-    c = claim(f"gpu-{gpu.minor}")
+    c = real_claim(f"gpu-{gpu.minor}")
     ids = [i for d in preparer.prepare(c) for i in d.cdi_device_ids]
     bundle = tmp_path / "bundle"
     glibc_rootfs(bundle / "rootfs", tools.nvidia_smi)
@@ -298,7 +289,7 @@ def test_time_slicing_is_set_and_restored(
     gpu = min(inventory.gpus, key=lambda g: g.minor)
     before = smi(tools, "compute-policy", "-l", "-i", str(gpu.index))
     sharing = {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}}
-    c = claim(f"gpu-{gpu.minor}", {"sharing": sharing})
+    c = real_claim(f"gpu-{gpu.minor}", sharing)
     preparer.prepare(c)
     during = smi(tools, "compute-policy", "-l", "-i", str(gpu.index))
     preparer.unprepare(c.ref)
@@ -326,9 +317,9 @@ def test_mps_daemon_serves_a_cuda_client_and_is_gone_after_unprepare(
     preparer: ClaimPreparer, inventory: Inventory, tools: GpuTools, tmp_path: Path
 ) -> None:
     gpu = min(inventory.gpus, key=lambda g: g.minor)
-    c = claim(f"gpu-{gpu.minor}", {"sharing": {"strategy": "MPS", "mpsConfig": {
+    c = real_claim(f"gpu-{gpu.minor}", {"strategy": "MPS", "mpsConfig": {
         "defaultActiveThreadPercentage": 50,
-        "defaultPinnedDeviceMemoryLimit": "10Gi"}}})  # fmt: skip
+        "defaultPinnedDeviceMemoryLimit": "10Gi"}})  # fmt: skip
     preparer.prepare(c)
     spec = spec_of(tmp_path / "cdi")
     (device,) = spec["devices"]
