@@ -9,6 +9,7 @@ are real executables that record what they were asked.
 from __future__ import annotations
 
 import logging
+import os
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -160,7 +161,9 @@ class Node:
         return pids
 
 
-STATE_PREFIX = "st-"
+STATE_PREFIX = f"st{os.getpid()}-"
+"""Per test process: the cleanup fixture removes only its own run's dirs, never those of
+another test run on the same machine."""
 
 
 def state_dir_for(root: Path) -> Path:
