@@ -38,7 +38,8 @@ def add_host_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="PROFILE",
         default=os.environ.get("DRA_EMULATE") or None,
         help="emulate a GPU node: built-in profile (dgx-a100, dgx-a100-mig, dgx-h100, h200, "
-        "l4-x4, t4) or a profile YAML file; no GPU or driver needed (env DRA_EMULATE)",
+        "l4-x4, t4, a100-pcie-nvlink, hgx-h100-fabric) or a profile YAML file; no GPU or "
+        "driver needed (env DRA_EMULATE)",
     )
     parser.add_argument(
         "--host-root",

@@ -12,6 +12,19 @@ Beyond NVIDIA, what users asked for: ``numaNode``, ``index``, ``minor``,
 capacity on full GPUs (MIG devices carry ``numaNode`` too). Facts discovery
 could not read are left out rather than published as a guess.
 
+Kubernetes 1.37 standard attributes and topology:
+
+* ``resource.kubernetes.io/numaNode`` (KEP-6072) beside our ``numaNode``, so one
+  claim can line GPUs up with NICs and CPUs of other drivers: ``scalar`` form
+  (int, the default) or ``list`` form (``ints``: the NUMA nodes the GPU is
+  equally close to, for clusters with DRAListTypeAttributes; ``matchAttribute``
+  then matches by intersection). Chosen by configuration, not by probing.
+* ``nvlinkDomain`` (string) on full GPUs in an NVLink domain (bridged pairs or a
+  fabric clique, see :mod:`dra_driver.gpu.topology`), with ``fabricClusterUUID``
+  and ``fabricCliqueID`` for fabric members: ``matchAttribute: gpu.nvidia.com/
+  nvlinkDomain`` keeps a multi-GPU claim on one domain. MIG devices get none
+  (MIG instances cannot use NVLink peer-to-peer).
+
 Decisions:
 
 * A GPU in MIG mode publishes its MIG devices, not itself. In MIG mode CUDA
@@ -31,13 +44,27 @@ Decisions:
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
+from typing import Literal
 
 from dra_driver.gpu.inventory import Gpu, Inventory, MigInstance
 from dra_driver.gpu.naming import gpu_device_name, mig_device_name
-from dra_driver.plugin.resources import AttributeValue, Capacity, Device, DeviceTaint, Pool, Version
+from dra_driver.gpu.topology import nvlink_domains
+from dra_driver.plugin.resources import (
+    AttributeValue,
+    Capacity,
+    Device,
+    DeviceTaint,
+    ListValue,
+    Pool,
+    Version,
+)
 
 PCI_BUS_ID = "resource.kubernetes.io/pciBusID"
 PCIE_ROOT = "resource.kubernetes.io/pcieRoot"
+STD_NUMA_NODE = "resource.kubernetes.io/numaNode"
+NumaAttributeForm = Literal["scalar", "list"]
+NUMA_ATTRIBUTE_FORMS: tuple[NumaAttributeForm, ...] = ("scalar", "list")
 _DECIMAL_SUFFIXES = ("", "k", "M", "G", "T", "P", "E")
 _BINARY_SUFFIXES = ("", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei")
 
@@ -75,7 +102,9 @@ def quantity(value: int, *, binary: bool = False) -> str:
     return f"{value}{_DECIMAL_SUFFIXES[exponent]}"
 
 
-def _common(gpu: Gpu, inventory: Inventory) -> dict[str, AttributeValue]:
+def _common(
+    gpu: Gpu, inventory: Inventory, numa_form: NumaAttributeForm = "scalar"
+) -> dict[str, AttributeValue]:
     """Attributes a full GPU and its MIG devices share (NVIDIA publishes these on both)."""
     attrs: dict[str, AttributeValue] = {
         "productName": gpu.product_name,
@@ -90,18 +119,32 @@ def _common(gpu: Gpu, inventory: Inventory) -> dict[str, AttributeValue]:
         attrs[PCIE_ROOT] = gpu.pci.pcie_root
     if gpu.pci.numa_node is not None:
         attrs["numaNode"] = gpu.pci.numa_node
+        if numa_form == "list":
+            attrs[STD_NUMA_NODE] = ListValue(gpu.pci.numa_affinity or (gpu.pci.numa_node,))
+        else:
+            attrs[STD_NUMA_NODE] = gpu.pci.numa_node
     return attrs
 
 
-def gpu_device(gpu: Gpu, inventory: Inventory) -> Device:
+def gpu_device(
+    gpu: Gpu,
+    inventory: Inventory,
+    numa_form: NumaAttributeForm = "scalar",
+    nvlink_domain: str | None = None,
+) -> Device:
     attrs: dict[str, AttributeValue] = {
         "type": "gpu",
         "uuid": gpu.uuid,
-        **_common(gpu, inventory),
+        **_common(gpu, inventory, numa_form),
         "index": gpu.index,
         "minor": gpu.minor,
         "migCapable": gpu.mig_capable,
     }
+    if nvlink_domain is not None:
+        attrs["nvlinkDomain"] = nvlink_domain
+    if gpu.fabric is not None:
+        attrs["fabricClusterUUID"] = gpu.fabric.cluster_uuid
+        attrs["fabricCliqueID"] = gpu.fabric.clique_id
     if gpu.pci.pcie_generation is not None:
         attrs["pcieGeneration"] = gpu.pci.pcie_generation
     if gpu.pci.pcie_link_width is not None:
@@ -112,14 +155,16 @@ def gpu_device(gpu: Gpu, inventory: Inventory) -> Device:
     return Device(name=gpu_device_name(gpu), attributes=attrs, capacity=capacity)
 
 
-def mig_device(mig: MigInstance, gpu: Gpu, inventory: Inventory) -> Device:
+def mig_device(
+    mig: MigInstance, gpu: Gpu, inventory: Inventory, numa_form: NumaAttributeForm = "scalar"
+) -> Device:
     p = mig.profile
     attrs: dict[str, AttributeValue] = {
         "type": "mig",
         "uuid": mig.uuid,
         "parentUUID": mig.parent_uuid,
         "profile": p.name,
-        **_common(gpu, inventory),
+        **_common(gpu, inventory, numa_form),
     }
     capacity = {
         "memory": Capacity(quantity(p.memory_bytes, binary=True)),
@@ -135,27 +180,44 @@ def mig_device(mig: MigInstance, gpu: Gpu, inventory: Inventory) -> Device:
     return Device(name=mig_device_name(mig), attributes=attrs, capacity=capacity)
 
 
-def gpu_devices(gpu: Gpu, inventory: Inventory) -> list[Device]:
+def gpu_devices(
+    gpu: Gpu,
+    inventory: Inventory,
+    numa_form: NumaAttributeForm = "scalar",
+    nvlink_domain: str | None = None,
+) -> list[Device]:
     """What one healthy GPU contributes: itself, or its MIG devices when in MIG mode."""
     if gpu.mig_enabled:
-        return [mig_device(m, gpu, inventory) for m in gpu.mig_instances]
-    return [gpu_device(gpu, inventory)]
+        return [mig_device(m, gpu, inventory, numa_form) for m in gpu.mig_instances]
+    return [gpu_device(gpu, inventory, numa_form, nvlink_domain)]
 
 
 def _identified(gpu: Gpu) -> bool:
     return bool(gpu.uuid and gpu.minor >= 0 and gpu.pci.bus_id)
 
 
-def build_pool(inventory: Inventory, *, driver_name: str, taint_degraded: bool = False) -> Pool:
-    """The node's pool; device order (by minor) is the scheduler's first-fit preference."""
+def build_pool(
+    inventory: Inventory,
+    *,
+    driver_name: str,
+    taint_degraded: bool = False,
+    numa_attribute_form: NumaAttributeForm = "scalar",
+    taints: Mapping[str, tuple[DeviceTaint, ...]] | None = None,
+) -> Pool:
+    """The node's pool; device order (by minor) is the scheduler's first-fit preference.
+
+    ``taints`` (device name -> taints) come from the health monitor's state.
+    """
     devices: list[Device] = []
-    taint = DeviceTaint(key=f"{driver_name}/degraded", value="nvml-error", effect="NoSchedule")
+    degraded = DeviceTaint(key=f"{driver_name}/degraded", value="nvml-error", effect="NoSchedule")
+    domains = nvlink_domains(inventory.gpus)
+    health = taints or {}
     for gpu in sorted(inventory.gpus, key=lambda g: (g.minor, g.index)):
-        if not gpu.degraded:
-            devices += gpu_devices(gpu, inventory)
-        elif taint_degraded and _identified(gpu):
-            devices += [
-                Device(name=d.name, attributes=d.attributes, capacity=d.capacity, taints=(taint,))
-                for d in gpu_devices(gpu, inventory)
-            ]
+        if gpu.degraded and not (taint_degraded and _identified(gpu)):
+            continue
+        for d in gpu_devices(gpu, inventory, numa_attribute_form, domains.get(gpu.uuid)):
+            extra = ((degraded,) if gpu.degraded else ()) + health.get(d.name, ())
+            devices.append(
+                Device(name=d.name, attributes=d.attributes, capacity=d.capacity, taints=extra)
+            )
     return Pool(devices=tuple(devices))

@@ -27,6 +27,7 @@ from typing import TypeVar
 from dra_driver.gpu.hostpaths import HostPaths
 from dra_driver.gpu.inventory import Gpu, Inventory, MigInstance, MigPlacement, MigProfile, PciInfo
 from dra_driver.gpu.nvml import NVML_GPU_INSTANCE_PROFILE_COUNT, Handle, Nvml, NvmlError
+from dra_driver.gpu.topology import fabric_membership, numa_affinity, nvlink_info
 
 T = TypeVar("T")
 
@@ -192,14 +193,16 @@ def _discover_gpu(nvml: Nvml, host: HostPaths, index: int, logger: logging.Logge
     per_sm = _CORES_PER_SM.get(cc, 0)
     if cores and not per_sm:
         probe.warnings.append(f"multiprocessors: unknown cores per SM for compute capability {cc}")
+    numa = probe.optional("NUMA node", lambda: numa_node(host, bus_id), None) if bus_id else None
     pci = PciInfo(
         bus_id=bus_id,
         pcie_root=probe.optional("PCIe root", lambda: pcie_root(host, bus_id), None)
         if bus_id
         else None,
-        numa_node=probe.optional("NUMA node", lambda: numa_node(host, bus_id), None)
-        if bus_id
-        else None,
+        numa_node=numa,
+        numa_affinity=probe.optional("NUMA distances", lambda: numa_affinity(host, numa), ())
+        if numa is not None
+        else (),
         pcie_generation=probe.optional(
             "PCIe generation", lambda: nvml.max_pcie_link_generation(handle), None
         ),
@@ -239,6 +242,8 @@ def _discover_gpu(nvml: Nvml, host: HostPaths, index: int, logger: logging.Logge
         compute_mode=compute_mode,
         mig_profiles=profiles,
         mig_instances=instances,
+        nvlink=probe.optional("NVLink", lambda: nvlink_info(nvml, handle), None),
+        fabric=probe.optional("GPU fabric", lambda: fabric_membership(nvml, handle), None),
         error="; ".join(probe.errors) or None,
         warnings=tuple(probe.warnings),
     )

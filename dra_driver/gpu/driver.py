@@ -9,8 +9,15 @@ inventory through a callable so a prepare always sees the latest discovery.
 Re-discovery (:meth:`refresh`) keeps the previous inventory when discovery as
 a whole fails (NVML briefly unavailable must not empty the pool); a GPU that
 is gone simply is not in the new inventory, so it leaves the pool with the
-next slice generation. It also reports device health to the kubelet: devices
-published with the degraded taint (``--taint-degraded``) are Unhealthy.
+next slice generation.
+
+Health: with a :class:`~dra_driver.gpu.health.HealthPolicy` the driver runs a
+:class:`~dra_driver.gpu.monitor.HealthMonitor` in the background (started by
+the plugin, :meth:`start_background`). The pool is always built from one pair
+(inventory, health snapshot), and the health reported to the kubelet is read
+off that same pool, so slices and health stream cannot disagree: a device is
+Unhealthy exactly when it carries a ``NoSchedule`` or ``NoExecute`` taint
+(the degraded taint of ``--taint-degraded`` included).
 """
 
 from __future__ import annotations
@@ -20,15 +27,27 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from dra_driver.gpu.devices import build_pool
+from dra_driver.gpu.devices import NumaAttributeForm, build_pool
 from dra_driver.gpu.discovery import DiscoveryError
+from dra_driver.gpu.health import (
+    HealthPolicy,
+    HealthSnapshot,
+    device_faults,
+    taints_for,
+)
 from dra_driver.gpu.hostpaths import HostPaths
 from dra_driver.gpu.inventory import Inventory
+from dra_driver.gpu.monitor import HealthEvents, HealthMonitor
+from dra_driver.gpu.nvml import Nvml
+from dra_driver.gpu.nvmlmonitor import CallObserver
 from dra_driver.gpu.preparing import ClaimPreparer
 from dra_driver.gpu.sharing import GpuTools
 from dra_driver.plugin.backend import DeviceHealth, PreparedDevice
 from dra_driver.plugin.claims import Claim, ClaimRef
 from dra_driver.plugin.resources import Pool
+
+_MESSAGE_LIMIT = 1024  # the kubelet truncates longer health messages
+DEFAULT_HEALTH_POLICY = HealthPolicy()
 
 
 class GpuDriver:
@@ -49,20 +68,40 @@ class GpuDriver:
         pool_name: str,
         taint_degraded: bool = False,
         runtime_host: HostPaths | None = None,
+        health_policy: HealthPolicy | None = DEFAULT_HEALTH_POLICY,
+        numa_attribute_form: NumaAttributeForm = "scalar",
+        nvml_observer: CallObserver | None = None,
+        health_events: HealthEvents | None = None,
     ) -> None:
         """Runs the first discovery now, so a node without a usable driver fails at start.
 
         ``runtime_host`` is how the container runtime names the host's paths when
         this process sees them elsewhere (see :class:`~dra_driver.gpu.cdiedits.EditsBuilder`).
+        ``health_policy`` None: no health monitoring (devices are healthy unless degraded).
+        ``nvml_observer`` and ``health_events`` receive the monitor's NVML calls and
+        what it saw (metrics).
         """
         self._driver_name = driver_name
         self._pool_name = pool_name
         self._discover = discover
         self._log = logger
         self._taint_degraded = taint_degraded
+        self._numa_form: NumaAttributeForm = numa_attribute_form
         self._lock = threading.Lock()
+        self._monitor = (
+            HealthMonitor(
+                nvml=Nvml(observer=nvml_observer),
+                policy=health_policy,
+                logger=logger.getChild("health"),
+                events=health_events,
+            )
+            if health_policy is not None
+            else None
+        )
+        self._health = HealthSnapshot()
+        self._notify: Callable[[], None] | None = None
         self._inventory = discover()
-        self._pool = self._build(self._inventory)
+        self._pool = self._build(self._inventory, self._health)
         self._preparer = ClaimPreparer(
             driver_name=driver_name,
             inventory=self.inventory,
@@ -74,9 +113,18 @@ class GpuDriver:
             runtime_host=runtime_host,
         )
 
-    def _build(self, inventory: Inventory) -> Pool:
+    def _build(self, inventory: Inventory, health: HealthSnapshot) -> Pool:
+        policy = self._monitor.policy if self._monitor is not None else HealthPolicy()
+        taints = {
+            name: taints_for(faults, driver_name=self._driver_name, policy=policy)
+            for name, faults in device_faults(health, inventory).items()
+        }
         return build_pool(
-            inventory, driver_name=self._driver_name, taint_degraded=self._taint_degraded
+            inventory,
+            driver_name=self._driver_name,
+            taint_degraded=self._taint_degraded,
+            numa_attribute_form=self._numa_form,
+            taints=taints,
         )
 
     def inventory(self) -> Inventory:
@@ -90,13 +138,46 @@ class GpuDriver:
         except DiscoveryError as exc:
             self._log.error("re-discovery failed; keeping the previous inventory: %s", exc)
             return False
-        pool = self._build(inventory)
+        if self._monitor is not None:
+            self._monitor.track(inventory)
         with self._lock:
+            pool = self._build(inventory, self._health)
             changed = pool != self._pool
             self._inventory, self._pool = inventory, pool
         if changed:
             self._log.info("pool changed", extra={"devices": len(pool.devices)})
         return changed
+
+    # ---- health monitoring (BackgroundWork) ----
+    def start_background(self, notify: Callable[[], None]) -> None:
+        """Start the health monitor; ``notify`` republishes after every health change."""
+        self._notify = notify
+        if self._monitor is not None:
+            self._monitor.on_change = self._health_changed
+            self._monitor.start(self.inventory())
+            self._health_changed()
+
+    def stop_background(self) -> None:
+        if self._monitor is not None:
+            self._monitor.stop()
+
+    def _health_changed(self) -> None:
+        if self._monitor is None:
+            return
+        snapshot = self._monitor.book.snapshot()
+        with self._lock:
+            if snapshot.version <= self._health.version:
+                return  # an older snapshot arriving late from another thread
+            self._health = snapshot
+            pool = self._build(self._inventory, snapshot)
+            changed = pool != self._pool
+            self._pool = pool
+        if changed and self._notify is not None:
+            self._notify()
+
+    @property
+    def monitor(self) -> HealthMonitor | None:
+        return self._monitor
 
     # ---- DeviceBackend ----
     def pool(self) -> Pool:
@@ -114,13 +195,21 @@ class GpuDriver:
 
     # ---- HealthReporter ----
     def device_health(self) -> list[DeviceHealth]:
-        """Published devices are Healthy unless published tainted as degraded."""
-        return [
-            DeviceHealth(
-                self._pool_name,
-                d.name,
-                "Unhealthy" if d.taints else "Healthy",
-                "GPU degraded: an NVML query failed" if d.taints else "",
+        """Read off the published pool: Unhealthy exactly when a device carries a
+        NoSchedule or NoExecute taint; the message lists every taint."""
+        with self._lock:
+            pool, health, inventory = self._pool, self._health, self._inventory
+        faults = device_faults(health, inventory)
+        out = []
+        for d in pool.devices:
+            bad = any(t.effect != "None" for t in d.taints)
+            notes = [f.message for f in faults.get(d.name, [])]
+            if any(t.key.endswith("/degraded") for t in d.taints):
+                notes.insert(0, "GPU degraded: an NVML query failed")
+            message = "; ".join(notes)
+            if len(message) > _MESSAGE_LIMIT:
+                message = message[: _MESSAGE_LIMIT - 3] + "..."
+            out.append(
+                DeviceHealth(self._pool_name, d.name, "Unhealthy" if bad else "Healthy", message)
             )
-            for d in self.pool().devices
-        ]
+        return out

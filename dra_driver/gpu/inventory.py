@@ -61,8 +61,27 @@ class PciInfo:
     pcie_root: str | None = None
     """``pci<domain>:<bus>`` of the root complex, from the sysfs device path."""
     numa_node: int | None = None
+    numa_affinity: tuple[int, ...] = ()
+    """NUMA nodes the GPU is equally close to (its own first), from the SLIT distances."""
     pcie_generation: int | None = None
     pcie_link_width: int | None = None
+
+
+@dataclass(frozen=True)
+class NvLinkInfo:
+    active_links: int
+    gpu_peers: tuple[str, ...]
+    """PCI bus IDs of the GPUs at the other end of active links (bridges), sorted."""
+    switch_links: int
+    """Active links that end at an NVSwitch."""
+
+
+@dataclass(frozen=True)
+class FabricMembership:
+    """The GPU fabric clique (multi-node NVLink partition) the GPU is registered in."""
+
+    cluster_uuid: str
+    clique_id: int
 
 
 @dataclass(frozen=True)
@@ -83,6 +102,8 @@ class Gpu:
     compute_mode: str = "Default"
     mig_profiles: tuple[MigProfile, ...] = ()
     mig_instances: tuple[MigInstance, ...] = ()
+    nvlink: NvLinkInfo | None = None
+    fabric: FabricMembership | None = None
     error: str | None = None
     """Set when some NVML/sysfs query failed; the GPU is listed but marked degraded."""
     warnings: tuple[str, ...] = ()

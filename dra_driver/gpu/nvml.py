@@ -11,44 +11,29 @@ name and return code, so callers can tell "not supported on this GPU" from
 from __future__ import annotations
 
 import ctypes
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, TypeVar
 
-# NVML return codes discovery distinguishes (nvml.h).
-NVML_ERROR_INVALID_ARGUMENT = 2
-NVML_ERROR_NOT_SUPPORTED = 3
-NVML_ERROR_NOT_FOUND = 6
-NVML_ERROR_FUNCTION_NOT_FOUND = 13
-NVML_ERROR_GPU_IS_LOST = 15
-NVML_ERROR_UNKNOWN = 999
+from dra_driver.gpu.nvmlerrors import (
+    NVML_ERROR_FUNCTION_NOT_FOUND,
+    NVML_ERROR_GPU_IS_LOST,
+    NVML_ERROR_INVALID_ARGUMENT,
+    NVML_ERROR_NOT_FOUND,
+    NVML_ERROR_NOT_SUPPORTED,
+    NVML_ERROR_TIMEOUT,
+    NVML_ERROR_UNKNOWN,
+    NvmlError,
+)
+from dra_driver.gpu.nvmlmonitor import CallObserver, Handle, MonitoringCalls
 
 NVML_GPU_INSTANCE_PROFILE_COUNT = 0x12
 """Number of GPU-instance profile indexes to probe (``NVML_GPU_INSTANCE_PROFILE_COUNT``)."""
 _MAX_PLACEMENTS = 8  # one per memory slice
 
-Handle = Any
-"""An opaque NVML handle (device, MIG device, GPU instance or compute instance)."""
 T = TypeVar("T")
-
-
-class NvmlError(Exception):
-    """An NVML call failed; ``code`` is the NVML return code, ``function`` the wrapper called."""
-
-    def __init__(self, function: str, code: int, message: str) -> None:
-        super().__init__(f"{function}: {message} (NVML error {code})")
-        self.function = function
-        self.code = code
-
-    @property
-    def not_supported(self) -> bool:
-        """The GPU or driver lacks the feature: an absent value, not a fault."""
-        return self.code in (NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_FUNCTION_NOT_FOUND)
-
-    @property
-    def gpu_lost(self) -> bool:
-        return self.code == NVML_ERROR_GPU_IS_LOST
 
 
 @dataclass(frozen=True)
@@ -84,19 +69,44 @@ def _text(value: str | bytes) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
-class Nvml:
+__all__ = [
+    "NVML_ERROR_FUNCTION_NOT_FOUND",
+    "NVML_ERROR_GPU_IS_LOST",
+    "NVML_ERROR_INVALID_ARGUMENT",
+    "NVML_ERROR_NOT_FOUND",
+    "NVML_ERROR_NOT_SUPPORTED",
+    "NVML_ERROR_TIMEOUT",
+    "NVML_ERROR_UNKNOWN",
+    "NVML_GPU_INSTANCE_PROFILE_COUNT",
+    "GpuInstanceProfileInfo",
+    "Handle",
+    "MigDeviceAttributes",
+    "Nvml",
+    "NvmlError",
+]
+
+
+class Nvml(MonitoringCalls):
     """One NVML session's calls. Create, :meth:`init`, query, :meth:`shutdown`."""
 
-    def __init__(self) -> None:
+    def __init__(self, observer: CallObserver | None = None) -> None:
+        """``observer`` sees every call's duration and outcome (NVML metrics)."""
         import pynvml
 
         self._nv: ModuleType = pynvml
+        self._observer = observer
 
     def _call(self, name: str, fn: Callable[..., T], *args: Any) -> T:
+        started = time.perf_counter()
+        code: int | None = None
         try:
             return fn(*args)
         except self._nv.NVMLError as exc:
-            raise NvmlError(name, int(exc.value), str(exc)) from exc
+            code = int(exc.value)
+            raise NvmlError(name, code, str(exc)) from exc
+        finally:
+            if self._observer is not None and name != "nvmlEventSetWait":
+                self._observer(name, time.perf_counter() - started, code)
 
     def _int_call(self, name: str, fn: Callable[..., Any], *args: Any) -> int:
         return int(self._call(name, fn, *args))

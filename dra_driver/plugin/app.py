@@ -22,8 +22,10 @@ sockets (see :mod:`dra_driver.plugin.sockets`), the
 
 The backend implements :class:`~dra_driver.plugin.backend.DeviceBackend`;
 optionally :class:`~dra_driver.plugin.backend.HealthReporter` (else every
-published device is reported Healthy) and
-:class:`~dra_driver.plugin.backend.ParallelClaims`.
+published device is reported Healthy),
+:class:`~dra_driver.plugin.backend.ParallelClaims` and
+:class:`~dra_driver.plugin.backend.BackgroundWork` (started once publishing
+runs; its changes republish at once).
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from typing import Any
 import grpc
 
 from dra_driver.plugin._proto import pluginregistration_pb2_grpc
-from dra_driver.plugin.backend import DeviceBackend, DeviceHealth, HealthReporter
+from dra_driver.plugin.backend import BackgroundWork, DeviceBackend, DeviceHealth, HealthReporter
 from dra_driver.plugin.cleanup import StaleClaimCleaner
 from dra_driver.plugin.health import HealthHub, add_health_services
 from dra_driver.plugin.kubeclient import KubeClient, KubeConfig, load_in_cluster, load_kubeconfig
@@ -105,6 +107,9 @@ class Readiness:
     registered: bool
     registration_error: str
     publish: PublishStatus = field(default_factory=PublishStatus)
+    devices: tuple[DeviceHealth, ...] = ()
+    """Device health exactly as last streamed to the kubelet. A broken device does not
+    make the plugin unready (the plugin still serves the others); it is listed."""
 
     @property
     def ready(self) -> bool:
@@ -250,11 +255,15 @@ class KubeletPlugin:
             logger=self._log,
         )
         self._cleaner.start()
+        if isinstance(self._backend, BackgroundWork):
+            self._backend.start_background(self.republish)
 
     def stop(self, *, uninstall: bool = False, grace_s: float = 5.0) -> None:
         """Deregister and stop. Slices are kept (the next instance takes them over)
         unless ``uninstall`` is true."""
         remove_stale_socket(self.paths.registration)  # deregisters from the kubelet
+        if self._publisher is not None and isinstance(self._backend, BackgroundWork):
+            self._backend.stop_background()
         if self._cleaner is not None:
             self._cleaner.stop()
         if self._hub is not None:
@@ -290,6 +299,7 @@ class KubeletPlugin:
             registered=bool(status and status.registered),
             registration_error=status.error if status else "",
             publish=self._publisher.status if self._publisher else PublishStatus(),
+            devices=tuple(self._hub.snapshot()) if self._hub is not None else (),
         )
 
     @property

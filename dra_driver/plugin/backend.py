@@ -8,7 +8,7 @@ raising :class:`PrepareError`; the plugin layer turns it into that claim's
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Literal, Protocol, runtime_checkable
 
@@ -90,3 +90,18 @@ class ParallelClaims(Protocol):
     """
 
     supports_parallel_claims: bool
+
+
+@runtime_checkable
+class BackgroundWork(Protocol):
+    """Optional backend ability: background work (e.g. health monitoring) that changes
+    the pool or device health by itself.
+
+    The plugin calls :meth:`start_background` once slices are being published, with
+    a callback that republishes the pool and pushes health to the kubelet at once,
+    and :meth:`stop_background` first thing on stop.
+    """
+
+    def start_background(self, notify: Callable[[], None]) -> None: ...
+
+    def stop_background(self) -> None: ...

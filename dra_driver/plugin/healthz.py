@@ -3,8 +3,10 @@
 ``GET /healthz`` (liveness): 200 while the gRPC sockets serve; 503 otherwise,
 so the kubelet restarts a plugin whose server died. ``GET /readyz``
 (readiness): 200 once registered with the kubelet and the ResourceSlices are
-in sync (:attr:`Readiness.ready`), else 503 with the problems. Both answer a
-small JSON body. Stdlib only: no client models, a few kB of RSS.
+in sync (:attr:`Readiness.ready`), else 503 with the problems; its body also
+lists the devices that are not Healthy, exactly as last streamed to the
+kubelet. Both answer a small JSON body. ``GET /metrics`` serves Prometheus
+text when the plugin was given metrics. Stdlib HTTP: a few kB of RSS.
 """
 
 from __future__ import annotations
@@ -70,6 +72,15 @@ class HealthServer:
         else:
             ok = state.ready
             problems = state.problems
+            devices = {
+                "healthy": sum(d.health == "Healthy" for d in state.devices),
+                "unhealthy": [
+                    {"pool": d.pool, "device": d.device, "health": d.health, "message": d.message}
+                    for d in state.devices
+                    if d.health != "Healthy"
+                ],
+            }
+            return (200 if ok else 503), {"ok": ok, "problems": problems, "devices": devices}
         return (200 if ok else 503), {"ok": ok, "problems": problems}
 
     def _handler_class(self) -> type[BaseHTTPRequestHandler]:

@@ -20,8 +20,21 @@ class Version:
     value: str
 
 
-AttributeValue = bool | int | str | Version
-"""bool, int and str map to ``bool``/``int``/``string``; :class:`Version` to ``version``."""
+@dataclass(frozen=True)
+class ListValue:
+    """A list-typed attribute (``ints``, ``bools``, ``strings``, ``versions``; KEP-5491).
+
+    Needs the DRAListTypeAttributes gate (alpha in 1.36): without it the API server
+    drops the attribute, which the publisher reports. ``matchAttribute`` on a list
+    matches devices whose lists intersect.
+    """
+
+    values: tuple[bool, ...] | tuple[int, ...] | tuple[str, ...] | tuple[Version, ...]
+
+
+AttributeValue = bool | int | str | Version | ListValue
+"""bool, int and str map to ``bool``/``int``/``string``; :class:`Version` to ``version``;
+:class:`ListValue` to the list form of its element type."""
 
 
 @dataclass(frozen=True)
@@ -48,6 +61,9 @@ class DeviceTaint:
     key: str
     effect: TaintEffect
     value: str = ""
+    time_added: str | None = None
+    """RFC 3339 UTC seconds (``2026-11-24T10:00:00Z``) when the condition began; the API
+    server fills in "now" when unset, so set it to keep republished slices unchanged."""
 
 
 @dataclass(frozen=True)

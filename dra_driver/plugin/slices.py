@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from dra_driver.plugin.resources import Capacity, CounterSet, Device, Pool, Version
+from dra_driver.plugin.resources import Capacity, CounterSet, Device, ListValue, Pool, Version
 
 MAX_DEVICES = 128
 MAX_DEVICES_RESTRICTED = 64
@@ -29,6 +29,11 @@ MAX_ATTRIBUTES_AND_CAPACITIES = 32
 MAX_STRING = 64
 MAX_TAINTS = 16
 MAX_CONSUMES_COUNTERS = 2
+MAX_LIST_VALUES = 48
+"""List-typed attribute values per device, all lists together (KEP-5491)."""
+_TAINT_EFFECTS = ("None", "NoSchedule", "NoExecute")
+_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+_RFC3339 = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}Z$")
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
@@ -76,10 +81,18 @@ def _validate_device(i: int, d: Device, sets: dict[str, CounterSet], problems: l
             f"{at} ({d.name}): {len(d.attributes)} attributes + {len(d.capacity)} capacities; "
             f"at most {MAX_ATTRIBUTES_AND_CAPACITIES} in total"
         )
+    list_values = 0
     for key, value in d.attributes.items():
         if why := _qualified_name(key):
             problems.append(f"{at}.attributes[{key!r}]: {why}")
-        if isinstance(value, Version):
+        if isinstance(value, ListValue):
+            list_values += len(value.values)
+            if not value.values or len({type(v) for v in value.values}) != 1:
+                problems.append(
+                    f"{at}.attributes[{key!r}]: a list attribute needs at least one value, "
+                    "all of one type"
+                )
+        elif isinstance(value, Version):
             if len(value.value) > MAX_STRING or not _SEMVER.match(value.value):
                 problems.append(
                     f"{at}.attributes[{key!r}]: version {value.value!r} is not strict semver "
@@ -92,8 +105,28 @@ def _validate_device(i: int, d: Device, sets: dict[str, CounterSet], problems: l
     for key in d.capacity:
         if why := _qualified_name(key):
             problems.append(f"{at}.capacity[{key!r}]: {why}")
+    if list_values > MAX_LIST_VALUES:
+        problems.append(
+            f"{at}.attributes: {list_values} list values; at most {MAX_LIST_VALUES} per device"
+        )
     if len(d.taints) > MAX_TAINTS:
         problems.append(f"{at}.taints: {len(d.taints)} taints; at most {MAX_TAINTS}")
+    for j, t in enumerate(d.taints):
+        where = f"{at}.taints[{j}]"
+        prefix, _, name = t.key.rpartition("/")
+        if (
+            (prefix and not _dns_subdomain(prefix))
+            or not name
+            or len(name) > 63
+            or not _LABEL_VALUE.match(name)
+        ):
+            problems.append(f"{where}.key: {t.key!r} is not a label key ([prefix/]name)")
+        if len(t.value) > 63 or not _LABEL_VALUE.match(t.value):
+            problems.append(f"{where}.value: {t.value!r} is not a label value (<= 63 chars)")
+        if t.effect not in _TAINT_EFFECTS:
+            problems.append(f"{where}.effect: {t.effect!r}; allowed: {', '.join(_TAINT_EFFECTS)}")
+        if t.time_added is not None and not _RFC3339.match(t.time_added):
+            problems.append(f"{where}.timeAdded: {t.time_added!r} is not RFC 3339 UTC seconds")
     if len(d.consumes_counters) > MAX_CONSUMES_COUNTERS:
         problems.append(f"{at}.consumesCounters: at most {MAX_CONSUMES_COUNTERS} entries")
     seen: set[str] = set()
@@ -150,7 +183,12 @@ class SliceContent:
 
 
 def _restricted(d: Device) -> bool:
-    return bool(d.taints or d.consumes_counters)
+    """Devices with taints, counters or list attributes: 64 per slice, not 128."""
+    return bool(
+        d.taints
+        or d.consumes_counters
+        or any(isinstance(v, ListValue) for v in d.attributes.values())
+    )
 
 
 def split_pool(pool: Pool) -> list[SliceContent]:
@@ -174,7 +212,14 @@ def split_pool(pool: Pool) -> list[SliceContent]:
     return out or [SliceContent()]
 
 
+_LIST_KEYS = {bool: "bools", int: "ints", str: "strings", Version: "versions"}
+
+
 def _attribute(value: Any) -> dict[str, Any]:
+    if isinstance(value, ListValue):
+        kind = type(value.values[0])
+        items = [v.value if isinstance(v, Version) else v for v in value.values]
+        return {_LIST_KEYS[kind]: items}
     if isinstance(value, Version):
         return {"version": value.value}
     if isinstance(value, bool):
@@ -220,7 +265,12 @@ def device_to_api(d: Device) -> dict[str, Any]:
         ]
     if d.taints:
         out["taints"] = [
-            {"key": t.key, "effect": t.effect, **({"value": t.value} if t.value else {})}
+            {
+                "key": t.key,
+                "effect": t.effect,
+                **({"value": t.value} if t.value else {}),
+                **({"timeAdded": t.time_added} if t.time_added else {}),
+            }
             for t in d.taints
         ]
     if d.allow_multiple_allocations:

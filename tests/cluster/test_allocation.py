@@ -206,7 +206,8 @@ def test_published_slices_are_accepted_and_read_back_unchanged(
         read = cluster.rest.get(f"{RESOURCE}/resourceslices/{sent['metadata']['name']}")
         assert read["spec"] == sent["spec"]  # no field dropped or re-canonicalised
         assert read["metadata"]["ownerReferences"] == sent["metadata"]["ownerReferences"]
-    devices = {"dgx-a100-mig": 16, "dgx-a100": 8, "dgx-h100": 8, "h200": 1, "l4-x4": 4, "t4": 1}
+    devices = {"dgx-a100-mig": 16, "dgx-a100": 8, "dgx-h100": 8, "h200": 1, "l4-x4": 4, "t4": 1,
+               "a100-pcie-nvlink": 4, "hgx-h100-fabric": 8}  # fmt: skip
     assert len(node.stored[0]["spec"]["devices"]) == devices[profile]
 
 

@@ -55,7 +55,8 @@ def test_live_but_not_ready_until_registered_and_published(served) -> None:
         serving=True, registered=True, registration_error="",
         publish=PublishStatus(in_sync=True, generation=0, slice_count=1),
     )  # fmt: skip
-    assert get(server, "/readyz") == (200, {"ok": True, "problems": []})
+    no_devices = {"healthy": 0, "unhealthy": []}
+    assert get(server, "/readyz") == (200, {"ok": True, "problems": [], "devices": no_devices})
 
 
 def test_dropped_fields_make_it_unready(served) -> None:

@@ -36,6 +36,7 @@ def test_full_gpu_device_is_nvidia_compatible_plus_extras(make_node, discover_no
         "resource.kubernetes.io/pciBusID": "0000:90:00.0",
         "resource.kubernetes.io/pcieRoot": "pci0000:80",
         "numaNode": 1,
+        "resource.kubernetes.io/numaNode": 1,
         "index": 5,
         "minor": 5,
         "migCapable": True,
@@ -66,6 +67,7 @@ def test_static_mig_device_is_nvidia_compatible(make_node, discover_node) -> Non
         "resource.kubernetes.io/pciBusID": "0000:87:00.0",
         "resource.kubernetes.io/pcieRoot": "pci0000:80",
         "numaNode": 1,
+        "resource.kubernetes.io/numaNode": 1,
     }
     assert mig.capacity == {
         "memory": Capacity("40192Mi"),
@@ -111,6 +113,7 @@ def test_unknown_facts_are_left_out_not_guessed(make_node, discover_node) -> Non
     pool = _pool(make_node, discover_node, "t4")  # firmware reports no NUMA node
     (t4,) = pool.devices
     assert "numaNode" not in t4.attributes
+    assert "resource.kubernetes.io/numaNode" not in t4.attributes
     assert t4.attributes["migCapable"] is False and t4.attributes["brand"] == "Tesla"
     node = make_node("dgx-h100")
     node.library.inject_fault(1, "nvmlDeviceGetMaxPcieLinkWidth", pynvml.NVML_ERROR_UNKNOWN)
@@ -148,19 +151,23 @@ def test_every_device_passes_the_api_limits(make_node, discover_node, profile: s
 def test_largest_devices_stay_within_32_attributes_and_capacities(
     make_node, discover_node, tmp_path: Path
 ) -> None:
-    """Worst cases: a full GPU with every fact known, and a 7-slice MIG device (8 memory slices)."""
+    """Worst cases: a full GPU with every fact known (fabric member, NUMA node), and a
+    7-slice MIG device (8 memory slices)."""
     profile = tmp_path / "h100-7g.yaml"
     profile.write_text(
-        'name: h100-7g\ndriverVersion: "580.95.05"\ncudaDriverVersion: 13000\ngpus:\n'
+        'name: h100-7g\ndriverVersion: "580.95.05"\ncudaDriverVersion: 13000\n'
+        "fabric: {clusterUuid: 8f3a2c61-5d0e-4b7a-9c1e-2f6d8b4a0c17, cliqueId: 7}\ngpus:\n"
         "  - {model: H100-SXM5-80GB, busId: '0000:1b:00.0', pcieRoot: pci0000:16, numaNode: 0}\n"
         "  - model: H100-SXM5-80GB\n    busId: '0000:43:00.0'\n    pcieRoot: pci0000:3f\n"
         "    numaNode: 0\n"
         "    migEnabled: true\n    migInstances: [{profile: 7g.80gb, start: 0, giId: 0, ciId: 0}]\n"
     )
     full, mig = _pool(make_node, discover_node, profile).devices
-    assert (len(full.attributes), len(full.capacity)) == (16, 2)
-    assert (len(mig.attributes), len(mig.capacity)) == (13, 15)
-    assert len(mig.attributes) + len(mig.capacity) == 28 <= MAX_ATTRIBUTES_AND_CAPACITIES
+    assert (len(full.attributes), len(full.capacity)) == (20, 2)
+    assert full.attributes["nvlinkDomain"] == "8f3a2c61-5d0e-4b7a-9c1e-2f6d8b4a0c17.7"
+    assert (len(mig.attributes), len(mig.capacity)) == (14, 15)
+    assert "nvlinkDomain" not in mig.attributes  # MIG instances cannot use NVLink P2P
+    assert len(mig.attributes) + len(mig.capacity) == 29 <= MAX_ATTRIBUTES_AND_CAPACITIES
     assert mig.capacity["multiprocessors"] == Capacity("132") and mig.capacity[
         "memory"
     ] == Capacity("81152Mi")

@@ -39,7 +39,7 @@ def test_discover_json_and_yaml_carry_the_inventory(tmp_path: Path) -> None:
     assert data["driver_version"] == "580.95.05" and data["cuda_driver_version"] == [13, 0]
     assert [g["minor"] for g in data["gpus"]] == [2, 3, 0, 1]
     assert data["gpus"][0]["pci"] == {
-        "bus_id": "0000:38:00.0", "pcie_root": "pci0000:37", "numa_node": 0,
+        "bus_id": "0000:38:00.0", "pcie_root": "pci0000:37", "numa_node": 0, "numa_affinity": [0],
         "pcie_generation": 4, "pcie_link_width": 16,
     }  # fmt: skip
     assert yaml.safe_load(_run("discover", "--emulate", "l4-x4", "-o", "yaml").stdout) == data

@@ -1,7 +1,8 @@
 """The emulated H100 against what a real H100 reported (tests/gpu/data/h100-real).
 
 Only what belongs to the board is compared: identity (UUID), where it sits (PCI
-address, NUMA node of a VM) and the driver version differ from node to node.
+address, NUMA node of a VM, NVLink wiring and fabric membership) and the driver
+version differ from node to node.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from dra_driver.gpu.discovery import discover
 from dra_driver.gpu.emulation.node import EmulatedNode
 
 REAL = Path(__file__).parent / "data" / "h100-real"
-PER_NODE = {"uuid", "pci", "index", "minor"}
+PER_NODE = {"uuid", "pci", "index", "minor", "nvlink", "fabric"}
 
 
 def board(gpu: dict[str, Any]) -> dict[str, Any]:

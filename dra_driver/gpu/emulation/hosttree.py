@@ -6,6 +6,7 @@ pointed at this tree they see what they would see on the emulated node:
 * ``sys/bus/pci/devices/<bdf>`` -> relative symlink into
   ``sys/devices/pci<dom>:<bus>/<root port>/<bdf>`` (the PCIe root is derived
   from the real link, as on a node), with ``numa_node``, ``vendor``, ``device``;
+* ``sys/devices/system/node/node<N>/distance`` (the SLIT row of each NUMA node);
 * ``proc/devices`` (``nvidia`` 195, dynamic ``nvidia-uvm`` and ``nvidia-caps``),
   ``proc/driver/nvidia/gpus/<bdf>/information`` (``Device Minor``),
   ``proc/driver/nvidia/capabilities/...`` and ``proc/driver/nvidia-caps/mig-minors``,
@@ -164,6 +165,9 @@ def write_host_tree(
     _device_node(host.dev("nvidia-caps", "nvidia-cap1"), CAPS_MAJOR, 1, char_nodes, 0o400)
     _device_node(host.dev("nvidia-caps", "nvidia-cap2"), CAPS_MAJOR, 2, char_nodes, 0o444)
 
+    for node, row in enumerate(profile.numa_distances):
+        _write(host.sys("devices", "system", "node", f"node{node}", "distance"),
+               " ".join(str(d) for d in row) + "\n", 0o444)  # fmt: skip
     for gpu in profile.gpus:
         _write_pci(host, gpu)
         _write(host.proc("driver", "nvidia", "gpus", gpu.bus_id, "information"),

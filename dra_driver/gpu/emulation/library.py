@@ -15,16 +15,22 @@ handles answer ``NVML_ERROR_GPU_IS_LOST``, as a GPU that fell off the bus does.
 
 Faults are injected per GPU and C function name (``*`` for every function),
 from the profile (``faults:``) or at run time with :meth:`inject_fault`.
+Hardware events and state (Xids, ECC errors, recovery actions, a GPU lost or
+reset, running processes) are control operations (:mod:`.runtime`), applied
+with :meth:`apply` or read from the node's control file.
 """
 
 from __future__ import annotations
 
 from dra_driver.gpu.emulation.nvmlcore import LibraryCore
 from dra_driver.gpu.emulation.nvmldevice import DeviceCalls
+from dra_driver.gpu.emulation.nvmlhealth import HealthCalls
+from dra_driver.gpu.emulation.nvmllink import LinkCalls
 from dra_driver.gpu.emulation.nvmlmig import MigCalls
+from dra_driver.gpu.emulation.nvmlusage import UsageCalls
 
 __all__ = ["EmulatedNvmlLibrary", "LibraryCore"]
 
 
-class EmulatedNvmlLibrary(DeviceCalls, MigCalls):
+class EmulatedNvmlLibrary(DeviceCalls, MigCalls, HealthCalls, LinkCalls, UsageCalls):
     """Stands in for the loaded NVML shared library; install as ``pynvml.nvmlLib``."""

@@ -21,10 +21,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from dra_driver.gpu.emulation.hosttree import BIN_DIR, remove_gpu_files, write_host_tree
 from dra_driver.gpu.emulation.library import EmulatedNvmlLibrary
 from dra_driver.gpu.emulation.profile import EmulatedProfile, load_profile
+from dra_driver.gpu.emulation.runtime import CONTROL_FILE, RECOVERY_ACTIONS, append_op, check_op
 from dra_driver.gpu.hostpaths import HostPaths
 
 PROFILE_FILE = Path("emulation/profile.yaml")
@@ -61,7 +63,8 @@ class EmulatedNode:
         profile_file.parent.mkdir(parents=True, exist_ok=True)
         profile_file.write_text(loaded.source)
         (host.root / UNPLUGGED_FILE).unlink(missing_ok=True)
-        return cls(profile=loaded, host=host, library=EmulatedNvmlLibrary(loaded))
+        library = EmulatedNvmlLibrary(loaded, control_file=host.root / CONTROL_FILE)
+        return cls(profile=loaded, host=host, library=library)
 
     @property
     def bin_dir(self) -> Path:
@@ -92,6 +95,45 @@ class EmulatedNode:
                 index = int(line)
                 if 0 <= index < len(self.profile.gpus):
                     self.library.remove_gpu(index)
+
+    # ---- hardware events and state (also seen by other processes emulating this root) ----
+    def control(self, op: dict[str, Any]) -> None:
+        """Append a control operation (:func:`~.runtime.check_op`) and apply it here now.
+
+        A plugin process emulating the same root applies it on its next NVML call
+        (within ~20 ms while it waits for events).
+        """
+        check_op(op, len(self.profile.gpus))
+        append_op(self.host.root / CONTROL_FILE, op)
+        self.library.runtime(op["gpu"])  # reads the file: applied once, in order
+
+    def inject_xid(
+        self, gpu: int, xid: int, *, gi: int | None = None, ci: int | None = None
+    ) -> None:
+        """An Xid error event on a GPU (profile index), or on one of its MIG devices."""
+        op: dict[str, Any] = {"op": "xid", "gpu": gpu, "xid": xid}
+        if gi is not None:
+            op |= {"gi": gi, "ci": ci}
+        self.control(op)
+
+    def inject_double_bit_ecc(self, gpu: int) -> None:
+        self.control({"op": "ecc", "gpu": gpu})
+
+    def set_recovery_action(self, gpu: int, action: str) -> None:
+        """What NVML says must happen before the GPU is usable again (``none`` when done)."""
+        self.control({"op": "recovery", "gpu": gpu, "action": RECOVERY_ACTIONS[action]})
+
+    def set_lost(self, gpu: int, lost: bool = True) -> None:
+        """The GPU fell off the bus (every query answers GPU_IS_LOST), or came back."""
+        self.control({"op": "lost", "gpu": gpu, "lost": lost})
+
+    def reset_gpu(self, gpu: int) -> None:
+        """A GPU reset: reachable again, no recovery pending, volatile ECC cleared, no processes."""
+        self.control({"op": "reset", "gpu": gpu})
+
+    def set_processes(self, gpu: int, processes: list[dict[str, Any]]) -> None:
+        """The CUDA processes now on a GPU: ``{pid, usedMiB, smUtil, memUtil, gi?, ci?}``."""
+        self.control({"op": "processes", "gpu": gpu, "processes": processes})
 
     def reboot(self) -> str:
         """Give the node a new boot ID (what a reboot changes for checkpoints); returns it."""

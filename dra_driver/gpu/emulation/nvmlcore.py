@@ -10,11 +10,26 @@ from __future__ import annotations
 
 import ctypes
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from dra_driver.gpu.emulation.profile import EmulatedGpu, EmulatedMigInstance, EmulatedProfile
+from dra_driver.gpu.emulation.runtime import (
+    EVENT_DOUBLE_BIT_ECC,
+    EVENT_RECOVERY_ACTION,
+    EVENT_XID_CRITICAL,
+    NO_INSTANCE,
+    ControlError,
+    ControlFeed,
+    EventSet,
+    GpuRuntime,
+    PendingEvent,
+    check_op,
+    process_from,
+)
 
 # NVML return codes (nvml.h).
 SUCCESS = 0
@@ -23,6 +38,7 @@ ERROR_INVALID_ARGUMENT = 2
 ERROR_NOT_SUPPORTED = 3
 ERROR_NOT_FOUND = 6
 ERROR_INSUFFICIENT_SIZE = 7
+ERROR_TIMEOUT = 10
 ERROR_FUNCTION_NOT_FOUND = 13
 ERROR_GPU_IS_LOST = 15
 ERROR_ARGUMENT_VERSION_MISMATCH = 25
@@ -35,6 +51,7 @@ ERROR_STRINGS = {
     ERROR_NOT_SUPPORTED: "Not Supported",
     ERROR_NOT_FOUND: "Not Found",
     ERROR_INSUFFICIENT_SIZE: "Insufficient Size",
+    ERROR_TIMEOUT: "Timeout",
     ERROR_FUNCTION_NOT_FOUND: "Function Not Found",
     ERROR_GPU_IS_LOST: "GPU is lost",
     ERROR_ARGUMENT_VERSION_MISMATCH: "Argument version mismatch",
@@ -56,7 +73,8 @@ MEMORY_V2 = 0x02000028
 GI_PROFILE_INFO_V2 = 0x02000098
 CI_PROFILE_INFO_V2 = 0x02000088
 
-KIND_GPU, KIND_MIG, KIND_GI, KIND_CI = 1, 2, 3, 4
+KIND_GPU, KIND_MIG, KIND_GI, KIND_CI, KIND_EVENT_SET = 1, 2, 3, 4, 5
+_CONTROL_POLL_S = 0.01  # how stale another process's control operations may be
 MIB = 1024 * 1024
 
 
@@ -110,9 +128,15 @@ class CFunction:
 class LibraryCore:
     """State, symbol lookup and handle decoding shared by the C-function mixins."""
 
-    def __init__(self, profile: EmulatedProfile) -> None:
+    def __init__(self, profile: EmulatedProfile, control_file: Path | None = None) -> None:
         self.profile = profile
         self._lock = threading.RLock()
+        self._cond = threading.Condition(self._lock)
+        self._runtime = {gpu.index: GpuRuntime() for gpu in profile.gpus}
+        self._event_sets: dict[int, EventSet] = {}
+        self._next_event_set = 1
+        self._control = ControlFeed(control_file)
+        self._control_read_at = 0.0
         self._present: list[int] = list(range(len(profile.gpus)))
         self._faults: dict[tuple[int, str], int] = {
             (gpu.index, fn): code for gpu in profile.gpus for fn, code in gpu.faults.items()
@@ -139,6 +163,58 @@ class LibraryCore:
             if gpu_index in self._present:
                 self._present.remove(gpu_index)
 
+    def apply(self, op: dict[str, Any]) -> None:
+        """Apply one control operation (see :func:`~.runtime.check_op`) to the emulated GPUs."""
+        check_op(op, len(self.profile.gpus))
+        with self._cond:
+            slot, kind = op["gpu"], op["op"]
+            state = self._runtime[slot]
+            if kind == "xid":
+                gi = op.get("gi")
+                self._emit(PendingEvent(slot, EVENT_XID_CRITICAL, op["xid"],
+                                        NO_INSTANCE if gi is None else gi,
+                                        NO_INSTANCE if gi is None else op["ci"]))  # fmt: skip
+            elif kind == "ecc":
+                state.ecc_volatile_uncorrected += 1
+                state.ecc_aggregate_uncorrected += 1
+                self._emit(PendingEvent(slot, EVENT_DOUBLE_BIT_ECC, 0))
+            elif kind == "recovery":
+                state.recovery_action = op["action"]
+                self._emit(PendingEvent(slot, EVENT_RECOVERY_ACTION, op["action"]))
+            elif kind == "lost":
+                state.lost = op["lost"]
+            elif kind == "reset":
+                state.lost, state.recovery_action = False, 0
+                state.ecc_volatile_uncorrected, state.processes = 0, ()
+            elif kind == "processes":
+                state.processes = tuple(process_from(p) for p in op["processes"])
+            self._cond.notify_all()
+
+    def _emit(self, event: PendingEvent) -> None:
+        for es in self._event_sets.values():
+            if es.registered.get(event.slot, 0) & event.event_type:
+                es.pending.append(event)
+
+    def _poll_control(self, *, force: bool = False) -> None:
+        """Apply operations other processes appended to the control file (rate-limited)."""
+        now = time.monotonic()
+        if self._control.path is None or (
+            not force and now - self._control_read_at < _CONTROL_POLL_S
+        ):
+            return
+        self._control_read_at = now
+        for op in self._control.read_new():
+            try:
+                self.apply(op)
+            except ControlError:
+                continue  # a bad line must not break the emulated driver; tests validate first
+
+    def runtime(self, gpu_index: int) -> GpuRuntime:
+        """Current state of one GPU (profile index), after pending control operations."""
+        with self._lock:
+            self._poll_control(force=True)
+            return self._runtime[gpu_index]
+
     @property
     def present_gpus(self) -> tuple[EmulatedGpu, ...]:
         with self._lock:
@@ -156,6 +232,7 @@ class LibraryCore:
     def _dispatch(self, name: str, impl: Callable[..., Any], args: tuple[Any, ...]) -> Any:
         with self._lock:
             self.calls[name] += 1
+            self._poll_control()
             if name == "nvmlErrorString":
                 return impl(*args)
             if self._init_count == 0 and not name.startswith(("nvmlInit", "nvmlShutdown")):
@@ -192,7 +269,7 @@ class LibraryCore:
         kind, slot, instance = value >> 16, (value >> 8) & 0xFF, value & 0xFF
         if kind not in kinds or slot >= len(self.profile.gpus):
             raise Return(ERROR_INVALID_ARGUMENT)
-        if slot not in self._present:
+        if slot not in self._present or self._runtime[slot].lost:
             raise Return(ERROR_GPU_IS_LOST)
         gpu = self.profile.gpus[slot]
         if kind != KIND_GPU and instance >= len(gpu.mig_instances):

@@ -112,23 +112,31 @@ class DeviceCalls(LibraryCore):
         cc = self._any(handle)[0].model.compute_capability
         deref(major).value, deref(minor).value = cc
 
-    def _memory(self, handle: Any) -> tuple[int, int]:
+    def _memory(self, handle: Any) -> tuple[int, int, int]:
+        """``(total, reserved, used by processes)`` in bytes."""
         gpu, mig = self._any(handle)
+        used = sum(
+            p.used_mib * MIB
+            for p in self._runtime[gpu.index].processes
+            if mig is None or (p.gi_id, p.ci_id) == (mig.gi_id, mig.ci_id)
+        )
         if mig:
-            return mig.profile.memory_mib * MIB, 0
-        return gpu.model.memory_mib * MIB, gpu.model.reserved_mib * MIB
+            return mig.profile.memory_mib * MIB, 0, used
+        return gpu.model.memory_mib * MIB, gpu.model.reserved_mib * MIB, used
 
     def _c_nvmlDeviceGetMemoryInfo(self, handle: Any, memory: Any) -> None:
-        total, reserved = self._memory(handle)
+        total, reserved, used = self._memory(handle)
         info = deref(memory)
-        info.total, info.used, info.free = total, reserved, total - reserved
+        info.total, info.used = total, reserved + used
+        info.free = total - info.used
 
     def _c_nvmlDeviceGetMemoryInfo_v2(self, handle: Any, memory: Any) -> None:
         info = deref(memory)
         if info.version != MEMORY_V2:
             raise Return(ERROR_ARGUMENT_VERSION_MISMATCH)
-        total, reserved = self._memory(handle)
-        info.total, info.reserved, info.used, info.free = total, reserved, 0, total - reserved
+        total, reserved, used = self._memory(handle)
+        info.total, info.reserved, info.used = total, reserved, used
+        info.free = total - reserved - used
 
     def _c_nvmlDeviceGetNumGpuCores(self, handle: Any, cores: Any) -> None:
         gpu, mig = self._any(handle)

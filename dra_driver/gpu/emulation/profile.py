@@ -11,14 +11,23 @@ odd NVML answer.
 from __future__ import annotations
 
 import uuid as uuidlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-BUILTIN_PROFILES: tuple[str, ...] = ("dgx-a100", "dgx-a100-mig", "dgx-h100", "h200", "l4-x4", "t4")
+BUILTIN_PROFILES: tuple[str, ...] = (
+    "dgx-a100",
+    "dgx-a100-mig",
+    "dgx-h100",
+    "h200",
+    "l4-x4",
+    "t4",
+    "a100-pcie-nvlink",
+    "hgx-h100-fabric",
+)
 
 # Brand and architecture names as the NVML enums spell them (NVML_BRAND_<x>, NVML_DEVICE_ARCH_<x>).
 _BRANDS = ("NVIDIA", "TESLA", "QUADRO", "GEFORCE", "TITAN", "NVIDIA_RTX", "QUADRO_RTX")
@@ -88,6 +97,8 @@ class EmulatedModel:
     pcie_link_width: int
     ecc: bool
     mig_profiles: tuple[EmulatedMigProfile, ...] = ()
+    nvlinks: int = 0
+    """NVLink ports on the board (0: none); links beyond answer INVALID_ARGUMENT."""
 
     def mig_profile(self, name: str) -> EmulatedMigProfile | None:
         return next((p for p in self.mig_profiles if p.name == name), None)
@@ -100,6 +111,16 @@ class EmulatedMigInstance:
     gi_id: int
     ci_id: int
     uuid: str
+
+
+@dataclass(frozen=True)
+class EmulatedFabric:
+    """GPU fabric membership (multi-node NVLink), as ``nvmlDeviceGetGpuFabricInfoV`` reports it."""
+
+    cluster_uuid: str
+    clique_id: int
+    state: int = 3
+    """``NVML_GPU_FABRIC_STATE_*``: 3 = completed (registered with the fabric manager)."""
 
 
 @dataclass(frozen=True)
@@ -116,6 +137,10 @@ class EmulatedGpu:
     mig_instances: tuple[EmulatedMigInstance, ...] = ()
     faults: dict[str, int] = field(default_factory=dict)
     """C function name (or ``*``) -> NVML return code, injected for this GPU only."""
+    nvlink_peers: tuple[tuple[int, int], ...] = ()
+    """``(link, peer GPU index)`` for links bridged to another GPU of the node."""
+    fabric: EmulatedFabric | None = None
+    """Set on GPUs of a multi-node NVLink fabric: every link goes to an NVSwitch."""
 
 
 @dataclass(frozen=True)
@@ -127,6 +152,8 @@ class EmulatedProfile:
     gpus: tuple[EmulatedGpu, ...]
     source: str
     """The YAML text the profile came from (copied into the emulated root for tools)."""
+    numa_distances: tuple[tuple[int, ...], ...] = ()
+    """SLIT distances between NUMA nodes (``node<N>/distance`` in sysfs), row per node."""
 
 
 def _get(data: dict[str, Any], key: str, where: str, kind: type, default: Any = ...) -> Any:
@@ -189,7 +216,7 @@ def _model(data: Any, where: str) -> EmulatedModel:
     keys = {
         "productName", "brand", "architecture", "computeCapability", "memoryMiB", "reservedMiB",
         "multiprocessors", "coresPerMultiprocessor", "pciDeviceId", "pciSubSystemId",
-        "pcieGeneration", "pcieLinkWidth", "ecc", "migProfiles",
+        "pcieGeneration", "pcieLinkWidth", "ecc", "migProfiles", "nvlinks",
     }  # fmt: skip
     _check_keys(data, keys, where)
     brand = _get(data, "brand", where, str)
@@ -220,6 +247,7 @@ def _model(data: Any, where: str) -> EmulatedModel:
         mig_profiles=tuple(
             _mig_profile(m, f"{where}.migProfiles[{i}]") for i, m in enumerate(migs)
         ),
+        nvlinks=_get(data, "nvlinks", where, int, 0),
     )
 
 
@@ -324,8 +352,11 @@ def parse_profile(text: str, origin: str = "<profile>") -> EmulatedProfile:
         raise ProfileError(f"{origin}: expected a mapping at the top level")
     try:
         _check_keys(
-            data, {"name", "driverVersion", "cudaDriverVersion", "models", "gpus"}, "profile"
-        )
+            data,
+            {"name", "driverVersion", "cudaDriverVersion", "models", "gpus", "nvlinkBridges",
+             "fabric", "numaDistances"},
+            "profile",
+        )  # fmt: skip
         name = _get(data, "name", "profile", str)
         models = load_models(_get(data, "models", "profile", dict, {}))
         gpus = tuple(
@@ -334,15 +365,81 @@ def parse_profile(text: str, origin: str = "<profile>") -> EmulatedProfile:
         minors = [g.minor for g in gpus]
         if len(set(minors)) != len(minors):
             raise ProfileError(f"profile.gpus: minor numbers must be unique, got {minors}")
+        gpus = _with_bridges(gpus, _get(data, "nvlinkBridges", "profile", list, []))
+        gpus = _with_fabric(gpus, _get(data, "fabric", "profile", dict, None))
         return EmulatedProfile(
             name=name,
             driver_version=str(_get(data, "driverVersion", "profile", str)),
             cuda_driver_version=_get(data, "cudaDriverVersion", "profile", int),
             gpus=gpus,
             source=text,
+            numa_distances=_numa_distances(_get(data, "numaDistances", "profile", list, []), gpus),
         )
     except ProfileError as exc:
         raise ProfileError(f"{origin}: {exc}") from None
+
+
+def _with_bridges(gpus: tuple[EmulatedGpu, ...], bridges: list[Any]) -> tuple[EmulatedGpu, ...]:
+    """NVLink bridges between GPU pairs (PCIe boards): ``{gpus: [a, b], links: n}``."""
+    peers: dict[int, list[tuple[int, int]]] = {g.index: [] for g in gpus}
+    for i, bridge in enumerate(bridges):
+        where = f"profile.nvlinkBridges[{i}]"
+        if not isinstance(bridge, dict):
+            raise ProfileError(f"{where}: expected a mapping")
+        _check_keys(bridge, {"gpus", "links"}, where)
+        pair = _get(bridge, "gpus", where, list)
+        links = _get(bridge, "links", where, int)
+        if len(pair) != 2 or not all(isinstance(p, int) and 0 <= p < len(gpus) for p in pair):
+            raise ProfileError(f"{where}.gpus: expected two GPU indexes 0..{len(gpus) - 1}")
+        for a, b in (pair, pair[::-1]):
+            start = len(peers[a])
+            if start + links > gpus[a].model.nvlinks:
+                raise ProfileError(
+                    f"{where}.links: GPU {a} ({gpus[a].model.product_name}) has "
+                    f"{gpus[a].model.nvlinks} NVLink ports, {start + links} bridged"
+                )
+            peers[a] += [(start + k, b) for k in range(links)]
+    return tuple(replace(g, nvlink_peers=tuple(peers[g.index])) for g in gpus)
+
+
+def _with_fabric(
+    gpus: tuple[EmulatedGpu, ...], data: dict[str, Any] | None
+) -> tuple[EmulatedGpu, ...]:
+    """Every GPU joins one fabric clique: ``{clusterUuid: <uuid>, cliqueId: n}``."""
+    if data is None:
+        return gpus
+    _check_keys(data, {"clusterUuid", "cliqueId", "state"}, "profile.fabric")
+    raw = _get(data, "clusterUuid", "profile.fabric", str)
+    try:
+        cluster = str(uuidlib.UUID(raw))
+    except ValueError:
+        raise ProfileError(f"profile.fabric.clusterUuid: {raw!r} is not a UUID") from None
+    fabric = EmulatedFabric(
+        cluster_uuid=cluster,
+        clique_id=_get(data, "cliqueId", "profile.fabric", int),
+        state=_get(data, "state", "profile.fabric", int, 3),
+    )
+    for g in gpus:
+        if g.nvlink_peers or not g.model.nvlinks:
+            raise ProfileError(
+                f"profile.fabric: GPU {g.index} must have NVLink ports and no bridges"
+            )
+    return tuple(replace(g, fabric=fabric) for g in gpus)
+
+
+def _numa_distances(rows: list[Any], gpus: tuple[EmulatedGpu, ...]) -> tuple[tuple[int, ...], ...]:
+    """SLIT table; default: 10 to itself, 21 to every other node the GPUs use."""
+    if not rows:
+        count = max((g.numa_node for g in gpus), default=-1) + 1
+        return tuple(tuple(10 if a == b else 21 for b in range(count)) for a in range(count))
+    if not all(
+        isinstance(r, list) and len(r) == len(rows) and all(isinstance(v, int) for v in r)
+        for r in rows
+    ):
+        raise ProfileError("profile.numaDistances: expected a square list of integer rows")
+    if any(g.numa_node >= len(rows) for g in gpus):
+        raise ProfileError("profile.numaDistances: fewer rows than the GPUs' NUMA nodes")
+    return tuple(tuple(r) for r in rows)
 
 
 def load_profile(profile: str | Path) -> EmulatedProfile:

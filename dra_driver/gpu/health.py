@@ -1,0 +1,265 @@
+"""One health state per device, and how it turns into taints: policy and bookkeeping, no I/O.
+
+The :class:`~dra_driver.gpu.monitor.HealthMonitor` feeds a :class:`HealthBook`
+with what NVML reports (events and periodic checks); the book is the single
+source for the slices' taints (:func:`device_taints`) and the health stream
+(:func:`device_health`), so the two always agree.
+
+Faults (one per kind and scope, the worst and latest kept):
+
+=================  ==========================  =========================================
+kind (taint key)   value                       from
+=================  ==========================  =========================================
+``xid``            the Xid, e.g. ``79``        NVML Xid event (MIG scope by GI/CI IDs)
+``ecc``            ``double-bit``              DBE event, or volatile uncorrected count up
+``gpu-lost``       ``unreachable``             GPU_IS_LOST / GPU unavailable event
+``recovery``       ``gpu-reset`` ...           NVML_FI_DEV_GET_GPU_RECOVERY_ACTION != none
+``unmonitored``    ``events-unsupported``      the GPU cannot register NVML events
+=================  ==========================  =========================================
+
+Severity decides the taint effect: informational faults taint ``None``
+(visible, never avoided), faults that leave the device unusable
+``NoSchedule``, fatal ones ``NoSchedule`` or, opted in, ``NoExecute`` (the
+device-taint-eviction controller then evicts pods using the device).
+
+Recovery, never on a guess: faults clear only when the GPU has answered every
+periodic check correctly, with NVML reporting no pending recovery action, for
+the whole healthy period. Where NVML cannot report the recovery action (old
+driver), only informational faults clear by themselves; the others stay until
+the plugin restarts, because "it answers queries" does not prove a reset.
+"""
+
+from __future__ import annotations
+
+import datetime
+import enum
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+
+from dra_driver.gpu.inventory import Gpu, Inventory
+from dra_driver.gpu.naming import gpu_device_name, mig_device_name
+from dra_driver.plugin.resources import DeviceTaint, TaintEffect
+
+DEFAULT_IGNORED_XIDS: frozenset[int] = frozenset({13, 31, 43, 45, 68, 109})
+"""Application-caused Xids (graphics/compute exceptions, page faults, preemptive
+cleanup, video decoder exceptions, context-switch timeouts): the GPU is fine."""
+INFORMATIONAL_XIDS: frozenset[int] = frozenset({63, 64, 92, 94})
+"""Row remapping / page retirement recorded, high single-bit ECC rate, contained ECC
+error: worth seeing on the device, no reason to avoid it (NVML's recovery action
+says when one of them does need a reset)."""
+FATAL_XIDS: frozenset[int] = frozenset({48, 79, 95, 119, 120, 140})
+"""Double-bit ECC, fallen off the bus, uncontained ECC, GSP RPC timeout / error,
+unrecovered ECC: the GPU cannot run work until it is reset."""
+
+RECOVERY_ACTIONS = {1: "gpu-reset", 2: "node-reboot", 3: "drain-p2p", 4: "drain-and-reset",
+                    5: "recover-imex-domain", 6: "bus-reset", 7: "system-reboot"}  # fmt: skip
+"""NVML_GPU_RECOVERY_ACTION_* other than NONE, as taint values."""
+
+
+class Severity(enum.IntEnum):
+    INFO = 1
+    UNUSABLE = 2
+    FATAL = 3
+
+
+Scope = tuple[int, int] | None
+"""``(gi_id, ci_id)`` of one MIG device, or None for the whole GPU."""
+
+
+@dataclass(frozen=True)
+class Fault:
+    kind: str
+    value: str
+    severity: Severity
+    since: float
+    """Wall-clock time the condition was first seen (the taint's timeAdded)."""
+    message: str
+    scope: Scope = None
+
+
+@dataclass(frozen=True)
+class HealthPolicy:
+    """How NVML facts become faults and taints, and when they clear."""
+
+    ignored_xids: frozenset[int] = DEFAULT_IGNORED_XIDS
+    """Xids that are logged and counted but leave the device healthy."""
+    healthy_period_s: float = 60.0
+    """Seconds a GPU must pass every check, with no recovery action pending, before its
+    faults clear."""
+    check_interval_s: float = 5.0
+    """Seconds between periodic checks (what events cannot report: off the bus,
+    recovery action pending, ECC counters)."""
+    fatal_effect: TaintEffect = "NoSchedule"
+    """Effect of fatal faults: ``NoExecute`` (opt-in) also evicts running pods."""
+
+    def xid_severity(self, xid: int) -> Severity | None:
+        """None for ignored Xids; every Xid not known to be harmless makes the GPU unusable."""
+        if xid in self.ignored_xids:
+            return None
+        if xid in INFORMATIONAL_XIDS:
+            return Severity.INFO
+        return Severity.FATAL if xid in FATAL_XIDS else Severity.UNUSABLE
+
+    def effect(self, severity: Severity) -> TaintEffect:
+        if severity is Severity.INFO:
+            return "None"
+        return self.fatal_effect if severity is Severity.FATAL else "NoSchedule"
+
+
+def recovery_fault(action: int, now: float) -> Fault:
+    name = RECOVERY_ACTIONS.get(action, f"action-{action}")
+    severity = Severity.UNUSABLE if name in ("drain-p2p", "recover-imex-domain") else Severity.FATAL
+    return Fault("recovery", name, severity, now, f"NVML recovery action pending: {name}")
+
+
+@dataclass
+class _GpuState:
+    faults: dict[tuple[str, Scope], Fault] = field(default_factory=dict)
+    clean_since: float | None = None
+    """Monotonic time since which every check passed with no action pending."""
+    recovery_known: bool = True
+
+
+@dataclass(frozen=True)
+class HealthSnapshot:
+    """Faults per GPU UUID at one moment; ``version`` grows with every change."""
+
+    version: int = 0
+    faults: Mapping[str, tuple[Fault, ...]] = field(default_factory=dict)
+
+
+class HealthBook:
+    """Thread-safe fault bookkeeping; every mutation returns whether anything changed."""
+
+    def __init__(self, policy: HealthPolicy) -> None:
+        self.policy = policy
+        self._lock = threading.Lock()
+        self._gpus: dict[str, _GpuState] = {}
+        self._version = 0
+
+    def record(self, uuid: str, fault: Fault) -> bool:
+        """A fault was seen: keep the worse (then older) of it and any of the same kind."""
+        with self._lock:
+            state = self._gpus.setdefault(uuid, _GpuState())
+            state.clean_since = None
+            key = (fault.kind, fault.scope)
+            old = state.faults.get(key)
+            if old is not None and (old.severity, old.value) == (fault.severity, fault.value):
+                return False
+            if old is not None and old.severity > fault.severity:
+                return False
+            if old is not None and old.severity == fault.severity:
+                fault = replace(fault, since=old.since)  # same condition, newer detail
+            state.faults[key] = fault
+            self._version += 1
+            return True
+
+    def drop(self, uuid: str, kind: str) -> bool:
+        """Remove faults of one kind that a state change itself resolves (``unmonitored``)."""
+        with self._lock:
+            state = self._gpus.get(uuid)
+            keys = [k for k in (state.faults if state else {}) if k[0] == kind]
+            for k in keys:
+                del state.faults[k]  # type: ignore[union-attr]
+            if keys:
+                self._version += 1
+            return bool(keys)
+
+    def check_passed(self, uuid: str, now_mono: float, *, recovery_known: bool) -> bool:
+        """A periodic check found the GPU answering with no recovery action pending.
+
+        Clears its faults once that has held for the healthy period (only the
+        informational ones when NVML cannot report the recovery action).
+        """
+        with self._lock:
+            state = self._gpus.setdefault(uuid, _GpuState())
+            state.recovery_known = recovery_known
+            if state.clean_since is None:
+                state.clean_since = now_mono
+            if now_mono - state.clean_since < self.policy.healthy_period_s:
+                return False
+            clearable = [
+                k
+                for k, f in state.faults.items()
+                if f.kind != "unmonitored" and (recovery_known or f.severity is Severity.INFO)
+            ]
+            for k in clearable:
+                del state.faults[k]
+            if clearable:
+                self._version += 1
+            return bool(clearable)
+
+    def check_failed(self, uuid: str) -> None:
+        with self._lock:
+            self._gpus.setdefault(uuid, _GpuState()).clean_since = None
+
+    def forget(self, keep: set[str]) -> None:
+        """Drop GPUs not in ``keep`` that have no faults (gone and healthy)."""
+        with self._lock:
+            for u in [u for u, s in self._gpus.items() if u not in keep and not s.faults]:
+                del self._gpus[u]
+
+    def faulty(self) -> set[str]:
+        with self._lock:
+            return {u for u, s in self._gpus.items() if s.faults}
+
+    def snapshot(self) -> HealthSnapshot:
+        with self._lock:
+            return HealthSnapshot(
+                version=self._version,
+                faults={
+                    u: tuple(sorted(s.faults.values(), key=lambda f: (f.kind, f.scope or (-1, -1))))
+                    for u, s in self._gpus.items()
+                    if s.faults
+                },
+            )
+
+
+def rfc3339(ts: float) -> str:
+    return datetime.datetime.fromtimestamp(int(ts), datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _device_faults(gpu: Gpu, faults: tuple[Fault, ...]) -> dict[str, list[Fault]]:
+    """Device name -> faults that concern it (GPU-wide faults reach every MIG device)."""
+    if not gpu.mig_enabled:
+        return {gpu_device_name(gpu): list(faults)}
+    out: dict[str, list[Fault]] = {}
+    instances = {(m.gi_id, m.ci_id) for m in gpu.mig_instances}
+    for mig in gpu.mig_instances:
+        out[mig_device_name(mig)] = [
+            f
+            for f in faults
+            if f.scope is None or f.scope == (mig.gi_id, mig.ci_id) or f.scope not in instances
+        ]
+    return out
+
+
+def device_faults(snapshot: HealthSnapshot, inventory: Inventory) -> dict[str, list[Fault]]:
+    """Device name -> its faults, for published devices that have any."""
+    out: dict[str, list[Fault]] = {}
+    for gpu in inventory.gpus:
+        faults = snapshot.faults.get(gpu.uuid)
+        if gpu.uuid and faults:
+            out |= {name: fs for name, fs in _device_faults(gpu, faults).items() if fs}
+    return out
+
+
+def taints_for(
+    faults: list[Fault], *, driver_name: str, policy: HealthPolicy
+) -> tuple[DeviceTaint, ...]:
+    """One taint per fault kind: the worst fault of that kind, its value and start time."""
+    worst: dict[str, Fault] = {}
+    for f in faults:
+        have = worst.get(f.kind)
+        if have is None or (f.severity, f.since) > (have.severity, have.since):
+            worst[f.kind] = f
+    return tuple(
+        DeviceTaint(
+            key=f"{driver_name}/{kind}",
+            value=f.value,
+            effect=policy.effect(f.severity),
+            time_added=rfc3339(f.since),
+        )
+        for kind, f in sorted(worst.items())
+    )
