@@ -11,6 +11,9 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+import signal
+import subprocess
+import sys
 import tempfile
 import threading
 import urllib.request
@@ -39,7 +42,14 @@ from tests.cluster.test_allocation import (
     request,
     stays_unallocated,
 )
-from tests.plugin.clusterkit import PluginOnNode, our_slices, start_plugin_on_node
+from tests.plugin.clusterkit import (
+    PluginOnNode,
+    apply_rbac,
+    node_bound_kubeconfig,
+    our_slices,
+    start_plugin_on_node,
+    unique,
+)
 
 DRIVER = "gpu.nvidia.com"
 LOG = logging.getLogger("tests.health")
@@ -56,9 +66,13 @@ class HealthNode:
         return self.on_node.node_name
 
     def taints(self, cluster: Cluster) -> dict[str, list[tuple[str, str, str]]]:
+        return self.taints_of(cluster, self.name)
+
+    @staticmethod
+    def taints_of(cluster: Cluster, node: str) -> dict[str, list[tuple[str, str, str]]]:
         """Device -> (key, value, effect) as stored in the API server."""
         out = {}
-        for s in our_slices(cluster, DRIVER, self.name):
+        for s in our_slices(cluster, DRIVER, node):
             for d in s["spec"].get("devices") or []:
                 if d.get("taints"):
                     out[d["name"]] = [
@@ -225,3 +239,49 @@ def test_health_stream_readyz_and_slices_agree(cluster: Cluster) -> None:
             stop.set()
             reader.join(timeout=10)
             server.stop()
+
+
+def test_the_daemon_taints_a_gpu_on_an_xid_injected_from_another_process(
+    cluster: Cluster,
+) -> None:
+    """``dra-driver kubelet-plugin`` as a process (default health policy): the Xid is
+    written to the emulated node's control file by this process and reaches the plugin's
+    NVML event wait, as a real Xid reaches a real plugin from the driver."""
+    apply_rbac(cluster)
+    node = cluster.create_node(unique("health-daemon"))
+    name = node["metadata"]["name"]
+    tmp = Path(tempfile.mkdtemp(prefix="dra-hd-", dir="/tmp"))
+    root = tmp / "host"
+    argv = [
+        sys.executable, "-m", "dra_driver", "kubelet-plugin", "--node-name", name,
+        "--emulate", "l4-x4", "--host-root", str(root), "--cdi-dir", str(tmp / "cdi"),
+        "--kubelet-registry-dir", str(tmp / "registry"),
+        "--kubelet-plugins-dir", str(tmp / "plugins"),
+        "--kubeconfig", str(node_bound_kubeconfig(cluster, node)), "--rediscover-interval", "0",
+    ]  # fmt: skip
+    log = (tmp / "plugin.log").open("w")
+    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        describe = lambda: (tmp / "plugin.log").read_text()[-3000:]  # noqa: E731
+
+        def devices() -> int:
+            return sum(
+                len(s["spec"].get("devices") or []) for s in our_slices(cluster, DRIVER, name)
+            )
+
+        wait_until(lambda: devices() == 4, timeout=30, what="pool published", describe=describe)
+        other = EmulatedNode.create("l4-x4", root)  # the same node, seen from this process
+        other.inject_xid(3, 119)  # GSP error on minor 1
+        got = wait_until(
+            lambda: HealthNode.taints_of(cluster, name).get("gpu-1"), timeout=30,
+            what="gpu-1 tainted by the daemon", describe=describe,
+        )  # fmt: skip
+        assert (f"{DRIVER}/xid", "119", "NoSchedule") in got
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 0, describe()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        log.close()
+        shutil.rmtree(tmp, ignore_errors=True)
