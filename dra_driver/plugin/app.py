@@ -38,12 +38,14 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+from prometheus_client import CollectorRegistry
 
 from dra_driver.plugin._proto import pluginregistration_pb2_grpc
 from dra_driver.plugin.backend import BackgroundWork, DeviceBackend, DeviceHealth, HealthReporter
 from dra_driver.plugin.cleanup import StaleClaimCleaner
 from dra_driver.plugin.health import HealthHub, add_health_services
 from dra_driver.plugin.kubeclient import KubeClient, KubeConfig, load_in_cluster, load_kubeconfig
+from dra_driver.plugin.metrics import NO_PUBLISH_METRICS, PluginMetrics
 from dra_driver.plugin.nodeservice import add_node_services
 from dra_driver.plugin.preparing import ClaimPreparer
 from dra_driver.plugin.publishing import PublishStatus, SlicePublisher
@@ -108,8 +110,9 @@ class Readiness:
     registration_error: str
     publish: PublishStatus = field(default_factory=PublishStatus)
     devices: tuple[DeviceHealth, ...] = ()
-    """Device health exactly as last streamed to the kubelet. A broken device does not
-    make the plugin unready (the plugin still serves the others); it is listed."""
+    """Device health as streamed to the kubelet (read fresh; a change is pushed to the
+    streams first). A broken device does not make the plugin unready (the plugin still
+    serves the others); it is listed."""
 
     @property
     def ready(self) -> bool:
@@ -143,9 +146,13 @@ class KubeletPlugin:
         logger: logging.Logger,
         environ: Mapping[str, str] | None = None,
         kube_config: KubeConfig | None = None,
+        registry: CollectorRegistry | None = None,
     ) -> None:
-        """``environ`` is only read for in-cluster config; ``kube_config`` overrides both."""
+        """``environ`` is only read for in-cluster config; ``kube_config`` overrides both.
+        ``registry``: where the plugin's metrics go (see :mod:`dra_driver.plugin.metrics`);
+        None keeps none."""
         validate_names(settings.driver_name, settings.node_name)
+        self.metrics = PluginMetrics(registry) if registry is not None else None
         self.settings = settings
         self._backend = backend
         self._log = logger
@@ -245,7 +252,15 @@ class KubeletPlugin:
             pool_source=self._backend.pool,
             logger=self._log,
             resync_interval_s=s.resync_interval_s,
+            metrics=self.metrics.publish if self.metrics is not None else NO_PUBLISH_METRICS,
         )
+        if self.metrics is not None:
+            hub = self._hub
+            self.metrics.watch_state(
+                health=hub.current,
+                pool=self._backend.pool,
+                prepared_claims=lambda: sum(1 for _ in self._backend.prepared_claims()),
+            )
         self._publisher.start()
         self._cleaner = StaleClaimCleaner(
             backend=self._backend,
@@ -299,7 +314,7 @@ class KubeletPlugin:
             registered=bool(status and status.registered),
             registration_error=status.error if status else "",
             publish=self._publisher.status if self._publisher else PublishStatus(),
-            devices=tuple(self._hub.snapshot()) if self._hub is not None else (),
+            devices=tuple(self._hub.current()) if self._hub is not None else (),
         )
 
     @property

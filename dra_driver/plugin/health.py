@@ -78,6 +78,12 @@ class HealthHub:
         with self._cond:
             return list(self._snapshot)
 
+    def current(self) -> list[DeviceHealth]:
+        """Health read now; if it changed, every stream gets it too (so a probe or a scrape
+        never shows something the kubelet has not been sent)."""
+        self.notify_changed()
+        return self.snapshot()
+
     def close(self) -> None:
         with self._cond:
             self._closed = True

@@ -32,9 +32,12 @@ class HealthServer:
         port: int,
         logger: logging.Logger,
         host: str = "",
+        metrics: Callable[[], tuple[bytes, str]] | None = None,
     ) -> None:
-        """``port`` 0 picks a free port (see :attr:`port`); ``host`` "" binds all addresses."""
+        """``port`` 0 picks a free port (see :attr:`port`); ``host`` "" binds all addresses.
+        ``metrics`` renders ``/metrics`` (body, content type); None answers 404 there."""
         self._readiness = readiness
+        self._metrics = metrics
         self._log = logger
         self._server = ThreadingHTTPServer((host, port), self._handler_class())
         self._server.daemon_threads = True
@@ -60,7 +63,8 @@ class HealthServer:
     def answer(self, path: str) -> tuple[int, dict[str, Any]]:
         """Status code and JSON body for ``path``; what the handler sends."""
         if path not in ("/healthz", "/readyz"):
-            return 404, {"error": f"unknown path {path}; use /healthz or /readyz"}
+            known = "/healthz, /readyz" + (", /metrics" if self._metrics is not None else "")
+            return 404, {"error": f"unknown path {path}; use {known}"}
         try:
             state = self._readiness()
         except Exception as exc:  # a probe must answer, not hang or crash the thread
@@ -88,10 +92,19 @@ class HealthServer:
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
-                code, body = server.answer(self.path.split("?", 1)[0])
-                data = (json.dumps(body) + "\n").encode()
+                path = self.path.split("?", 1)[0]
+                if path == "/metrics" and server._metrics is not None:
+                    try:
+                        data, content_type = server._metrics()
+                        code = 200
+                    except Exception as exc:  # a scrape must answer, not kill the thread
+                        server._log.exception("rendering metrics failed")
+                        data, content_type, code = f"{exc}\n".encode(), "text/plain", 500
+                else:
+                    code, body = server.answer(path)
+                    data, content_type = (json.dumps(body) + "\n").encode(), "application/json"
                 self.send_response(code)
-                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Type", content_type)
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)

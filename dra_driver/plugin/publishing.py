@@ -31,6 +31,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -42,6 +43,7 @@ from dra_driver.plugin.kubeclient import (
     KubeError,
     Watch,
 )
+from dra_driver.plugin.metrics import NO_PUBLISH_METRICS, PublishMetrics
 from dra_driver.plugin.resources import Pool
 from dra_driver.plugin.slices import (
     SliceValidationError,
@@ -104,8 +106,10 @@ class SlicePublisher:
         backoff_initial_s: float = 0.5,
         backoff_max_s: float = 30.0,
         watch_timeout_s: int = 300,
+        metrics: PublishMetrics = NO_PUBLISH_METRICS,
     ) -> None:
         validate_names(driver_name, node_name)
+        self._metrics = metrics
         self._client = client
         self._driver = driver_name
         self._node = node_name
@@ -177,13 +181,19 @@ class SlicePublisher:
             if self._stop.is_set():
                 return
             self._trigger.clear()
+            started = time.perf_counter()
             try:
                 self.sync_once()
                 delay = self._backoff[0]
+                self._metrics.sync(
+                    time.perf_counter() - started, ok=True, generation=self._generation
+                )
             except SliceValidationError as exc:
+                self._metrics.sync(time.perf_counter() - started, ok=False)
                 self._log.error("not publishing an invalid pool: %s", exc)
                 self._set_status(in_sync=False, last_error=str(exc))
             except KubeError as exc:
+                self._metrics.sync(time.perf_counter() - started, ok=False)
                 self._log.warning("publishing slices failed, retrying in %.1fs: %s", delay, exc)
                 self._set_status(in_sync=False, last_error=str(exc))
                 if self._stop.wait(delay):
@@ -323,6 +333,7 @@ class SlicePublisher:
             self._client.delete_resource_slice(
                 meta["name"], uid=meta.get("uid"), resource_version=meta.get("resourceVersion")
             )
+            self._metrics.write("delete")
         dropped: set[str] = set()
         for i in to_update:
             obj = want[i]
@@ -352,6 +363,7 @@ class SlicePublisher:
             else:
                 stored = self._client.update_resource_slice(obj)
         except ConflictError:
+            self._metrics.conflict()
             self._trigger.set()  # someone raced us; the next sync sees their version
             raise
         except KubeApiError as exc:
@@ -360,6 +372,7 @@ class SlicePublisher:
                     [f"API server rejected {obj['metadata']['name']}: {exc.message}"]
                 ) from exc
             raise
+        self._metrics.write("create" if create else "update")
         meta = stored.get("metadata", {})
         self._written[str(meta.get("name"))] = (str(meta.get("resourceVersion")), fp)
         return {f"spec.{p}" for p in dropped_fields(obj["spec"], stored.get("spec", {}))}

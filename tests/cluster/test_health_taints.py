@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+from prometheus_client import CollectorRegistry
 
 from dra_driver.devcluster import Cluster, wait_until
 from dra_driver.devcluster.rest import ApiError
@@ -31,6 +32,7 @@ from dra_driver.gpu.discovery import discover
 from dra_driver.gpu.driver import GpuDriver
 from dra_driver.gpu.emulation import EmulatedNode
 from dra_driver.gpu.health import HealthPolicy
+from dra_driver.gpu.metrics import GpuMetrics
 from dra_driver.gpu.sharing import GpuTools
 from dra_driver.plugin._proto import health_v1_pb2, health_v1_pb2_grpc
 from dra_driver.plugin.healthz import HealthServer
@@ -82,8 +84,12 @@ class HealthNode:
 
 
 @contextmanager
-def health_node(cluster: Cluster, profile: str, policy: HealthPolicy) -> Iterator[HealthNode]:
+def health_node(
+    cluster: Cluster, profile: str, policy: HealthPolicy, registry: CollectorRegistry | None = None
+) -> Iterator[HealthNode]:
+    """Our plugin in-process on an emulated node; ``registry`` collects all its metrics."""
     apply_deviceclasses(cluster)
+    gpu_metrics = GpuMetrics(registry) if registry is not None else None
     tmp = Path(tempfile.mkdtemp(prefix="dra-h-", dir="/tmp"))
     node = EmulatedNode.create(profile, tmp / "host")
     try:
@@ -98,10 +104,12 @@ def health_node(cluster: Cluster, profile: str, policy: HealthPolicy) -> Iterato
                 logger=LOG,
                 pool_name="pending",
                 health_policy=policy,
+                nvml_observer=gpu_metrics.nvml_call if gpu_metrics else None,
+                health_events=gpu_metrics,
             )
             on_node = start_plugin_on_node(
                 cluster, driver=DRIVER, backend=driver, sockets_dir=tmp,
-                node_prefix=f"health-{profile}", health_interval_s=1.0,
+                node_prefix=f"health-{profile}", health_interval_s=1.0, registry=registry,
             )  # fmt: skip
             driver._pool_name = on_node.node_name  # the node name is only known now
             try:

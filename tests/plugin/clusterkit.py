@@ -84,6 +84,7 @@ def start_plugin_on_node(
     backend: DeviceBackend,
     sockets_dir: Path,
     node_prefix: str = "plugin-node",
+    registry: Any = None,
     **settings: Any,
 ) -> PluginOnNode:
     apply_rbac(cluster)
@@ -101,6 +102,7 @@ def start_plugin_on_node(
         ),
         backend=backend,
         logger=logging.getLogger(f"test.{driver}"),
+        registry=registry,
     )
     plugin.start()
     return PluginOnNode(plugin, node, kubeconfig)
