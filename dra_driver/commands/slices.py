@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from dra_driver.commands.discover import add_host_arguments, gpu_host
 
 if TYPE_CHECKING:
+    from dra_driver.gpu.devices import NumaAttributeForm
     from dra_driver.gpu.inventory import Inventory
 
 NAME = "slices"
@@ -50,6 +51,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="publish degraded GPUs with a NoSchedule taint instead of leaving them out",
     )
+    parser.add_argument(
+        "--numa-attribute-form",
+        choices=("scalar", "list"),
+        default=os.environ.get("NUMA_ATTRIBUTE_FORM") or "scalar",
+        help="form of resource.kubernetes.io/numaNode: scalar (int) or list (ints; needs the "
+        "DRAListTypeAttributes gate) (env NUMA_ATTRIBUTE_FORM; default %(default)s)",
+    )
     add_host_arguments(parser)
     parser.add_argument(
         "-o", "--output", choices=("yaml", "json"), default="yaml", help="default %(default)s"
@@ -64,13 +72,19 @@ def resource_slices(
     node_uid: str | None = None,
     generation: int = 1,
     taint_degraded: bool = False,
+    numa_attribute_form: NumaAttributeForm = "scalar",
 ) -> list[dict[str, Any]]:
     """The ResourceSlice objects for ``inventory``; raises SliceValidationError if invalid."""
     from dra_driver.gpu.devices import build_pool
     from dra_driver.plugin.slices import slice_object, split_pool, validate_names, validate_pool
 
     validate_names(driver_name, node_name)
-    pool = build_pool(inventory, driver_name=driver_name, taint_degraded=taint_degraded)
+    pool = build_pool(
+        inventory,
+        driver_name=driver_name,
+        taint_degraded=taint_degraded,
+        numa_attribute_form=numa_attribute_form,
+    )
     validate_pool(pool)
     contents = split_pool(pool)
     objects = [
@@ -106,6 +120,7 @@ def run(args: argparse.Namespace) -> int:
             node_uid=args.node_uid,
             generation=args.generation,
             taint_degraded=args.taint_degraded,
+            numa_attribute_form=args.numa_attribute_form,
         )
     except (DiscoveryError, ProfileError, SliceValidationError, FileExistsError) as exc:
         print(f"dra-driver slices: {exc}", file=sys.stderr)

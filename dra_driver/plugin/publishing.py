@@ -368,8 +368,14 @@ class SlicePublisher:
             raise
         except KubeApiError as exc:
             if exc.status == 422:
+                hint = ""
+                if "must specify one of" in exc.message and _has_list_attributes(obj):
+                    hint = (
+                        " (list-typed attributes need the DRAListTypeAttributes feature gate; "
+                        "without it the API server drops their values)"
+                    )
                 raise SliceValidationError(
-                    [f"API server rejected {obj['metadata']['name']}: {exc.message}"]
+                    [f"API server rejected {obj['metadata']['name']}: {exc.message}{hint}"]
                 ) from exc
             raise
         self._metrics.write("create" if create else "update")
@@ -385,6 +391,16 @@ class SlicePublisher:
             self._client.delete_resource_slice(meta["name"], uid=meta.get("uid"))
         self._log.info("deleted %d slice(s) on uninstall", len(items))
         return len(items)
+
+
+def _has_list_attributes(obj: Obj) -> bool:
+    lists = ("ints", "bools", "strings", "versions")
+    return any(
+        key in value
+        for d in obj.get("spec", {}).get("devices") or []
+        for value in (d.get("attributes") or {}).values()
+        for key in lists
+    )
 
 
 def content_to_api_view(spec: Obj) -> Obj:

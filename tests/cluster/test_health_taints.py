@@ -28,6 +28,7 @@ from prometheus_client import CollectorRegistry
 
 from dra_driver.devcluster import Cluster, wait_until
 from dra_driver.devcluster.rest import ApiError
+from dra_driver.gpu.devices import NumaAttributeForm
 from dra_driver.gpu.discovery import discover
 from dra_driver.gpu.driver import GpuDriver
 from dra_driver.gpu.emulation import EmulatedNode
@@ -85,7 +86,11 @@ class HealthNode:
 
 @contextmanager
 def health_node(
-    cluster: Cluster, profile: str, policy: HealthPolicy, registry: CollectorRegistry | None = None
+    cluster: Cluster,
+    profile: str,
+    policy: HealthPolicy,
+    registry: CollectorRegistry | None = None,
+    numa_attribute_form: NumaAttributeForm = "scalar",
 ) -> Iterator[HealthNode]:
     """Our plugin in-process on an emulated node; ``registry`` collects all its metrics."""
     apply_deviceclasses(cluster)
@@ -104,6 +109,7 @@ def health_node(
                 logger=LOG,
                 pool_name="pending",
                 health_policy=policy,
+                numa_attribute_form=numa_attribute_form,
                 nvml_observer=gpu_metrics.nvml_call if gpu_metrics else None,
                 health_events=gpu_metrics,
             )
