@@ -117,6 +117,8 @@ class HealthMonitor:
         self.book.forget(wanted)
         with self._lock:
             self._tracked = wanted
+            if not self._started:
+                return  # start() watches what is tracked then
             for uuid in set(self._watchers) - wanted:
                 self._watchers.pop(uuid)[1].set()
             for uuid in wanted - set(self._watchers):

@@ -184,3 +184,16 @@ def test_a_lost_gpu_that_discovery_drops_keeps_its_fault_when_it_returns(run) ->
     r.driver.refresh()  # back in discovery at once, but still inside its healthy period
     assert r.taints().get("gpu-0") == [("gpu-lost", "unreachable", "NoSchedule")]
     r.wait_for(lambda: r.taints() == {})
+
+
+def test_no_thread_runs_before_the_plugin_starts_the_monitor(make_node, tmp_path: Path) -> None:
+    node = make_node("l4-x4")
+    with node.nvml():
+        driver = GpuDriver(
+            driver_name="gpu.nvidia.com", discover=lambda: discover(node.host, LOG),
+            host=node.host, cdi_dir=tmp_path / "cdi", state_dir=tmp_path / "state",
+            tools=GpuTools.for_host(node.host), logger=LOG, pool_name="node-a",
+        )  # fmt: skip
+        driver.refresh()
+        names = [t.name for t in threading.enumerate()]
+        assert not [n for n in names if n.startswith(("nvml-events-", "gpu-health-check"))]
