@@ -217,3 +217,17 @@ def remove_gpu_files(host: HostPaths, gpu: EmulatedGpu) -> None:
     node = host.dev(f"nvidia{gpu.minor}")
     if node.exists():
         node.unlink()
+
+
+def write_process_cgroup(host: HostPaths, pid: int, pod_uid: str | None) -> None:
+    """``/proc/<pid>/cgroup`` of a process: in a pod's cgroup (systemd driver, cgroup v2,
+    as the kubelet lays it out) or, without a pod, a system service's."""
+    if pod_uid is None:
+        line = "0::/system.slice/emulated.service\n"
+    else:
+        slug = pod_uid.replace("-", "_")
+        line = (
+            f"0::/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{slug}.slice/"
+            f"cri-containerd-{pid:064x}.scope\n"
+        )
+    _write(host.proc(str(pid), "cgroup"), line, 0o444)

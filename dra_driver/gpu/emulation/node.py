@@ -23,7 +23,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dra_driver.gpu.emulation.hosttree import BIN_DIR, remove_gpu_files, write_host_tree
+from dra_driver.gpu.emulation.hosttree import (
+    BIN_DIR,
+    remove_gpu_files,
+    write_host_tree,
+    write_process_cgroup,
+)
 from dra_driver.gpu.emulation.library import EmulatedNvmlLibrary
 from dra_driver.gpu.emulation.profile import EmulatedProfile, load_profile
 from dra_driver.gpu.emulation.runtime import CONTROL_FILE, RECOVERY_ACTIONS, append_op, check_op
@@ -131,9 +136,16 @@ class EmulatedNode:
         """A GPU reset: reachable again, no recovery pending, volatile ECC cleared, no processes."""
         self.control({"op": "reset", "gpu": gpu})
 
-    def set_processes(self, gpu: int, processes: list[dict[str, Any]]) -> None:
-        """The CUDA processes now on a GPU: ``{pid, usedMiB, smUtil, memUtil, gi?, ci?}``."""
-        self.control({"op": "processes", "gpu": gpu, "processes": processes})
+    def set_processes(
+        self, gpu: int, processes: list[dict[str, Any]], pods: dict[int, str] | None = None
+    ) -> None:
+        """The CUDA processes now on a GPU: ``{pid, usedMiB, smUtil, memUtil, gi?, ci?}``;
+        ``pods`` maps PIDs to the pod UID whose cgroup they run in (``/proc/<pid>/cgroup``)."""
+        op = check_op({"op": "processes", "gpu": gpu, "processes": processes},
+                      len(self.profile.gpus))  # fmt: skip
+        for p in processes:
+            write_process_cgroup(self.host, int(p["pid"]), (pods or {}).get(int(p["pid"])))
+        self.control(op)
 
     def reboot(self) -> str:
         """Give the node a new boot ID (what a reboot changes for checkpoints); returns it."""
