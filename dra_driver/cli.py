@@ -25,6 +25,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "dra_driver.commands.discover",
     "dra_driver.commands.slices",
     "dra_driver.commands.kubelet_plugin",
+    "dra_driver.commands.report",
     "dra_driver.commands.demo",
 )
 
