@@ -24,10 +24,11 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from dra_driver.gpu.devices import NumaAttributeForm, build_pool
+from dra_driver.gpu.devicestatus import device_status
 from dra_driver.gpu.discovery import DiscoveryError
 from dra_driver.gpu.health import (
     HealthPolicy,
@@ -44,6 +45,7 @@ from dra_driver.gpu.preparing import ClaimPreparer
 from dra_driver.gpu.sharing import GpuTools
 from dra_driver.plugin.backend import DeviceHealth, PreparedDevice
 from dra_driver.plugin.claims import Claim, ClaimRef
+from dra_driver.plugin.claimstatus import DeviceStatus
 from dra_driver.plugin.resources import Pool
 
 _MESSAGE_LIMIT = 1024  # the kubelet truncates longer health messages
@@ -192,6 +194,22 @@ class GpuDriver:
 
     def prepared_claims(self) -> list[ClaimRef]:
         return self._preparer.prepared_claims()
+
+    # ---- DeviceStatusReporter (claim status.devices) ----
+    def device_status(self, devices: Sequence[PreparedDevice]) -> list[DeviceStatus]:
+        with self._lock:
+            pool, health, inventory = self._pool, self._health, self._inventory
+        published = {d.name: d for d in pool.devices}
+        faults = device_faults(health, inventory)
+        return [
+            device_status(
+                d.device_name,
+                inventory,
+                published.get(d.device_name),
+                faults.get(d.device_name, []),
+            )
+            for d in devices
+        ]
 
     # ---- HealthReporter ----
     def device_health(self) -> list[DeviceHealth]:

@@ -97,6 +97,7 @@ def health_node(
     gpu_metrics = GpuMetrics(registry) if registry is not None else None
     tmp = Path(tempfile.mkdtemp(prefix="dra-h-", dir="/tmp"))
     node = EmulatedNode.create(profile, tmp / "host")
+    k8s_node = cluster.create_node(unique(f"health-{profile}"))
     try:
         with node.nvml():
             driver = GpuDriver(
@@ -107,17 +108,16 @@ def health_node(
                 state_dir=tmp / "state",
                 tools=GpuTools.for_host(node.host),
                 logger=LOG,
-                pool_name="pending",
+                pool_name=k8s_node["metadata"]["name"],
                 health_policy=policy,
                 numa_attribute_form=numa_attribute_form,
                 nvml_observer=gpu_metrics.nvml_call if gpu_metrics else None,
                 health_events=gpu_metrics,
             )
             on_node = start_plugin_on_node(
-                cluster, driver=DRIVER, backend=driver, sockets_dir=tmp,
-                node_prefix=f"health-{profile}", health_interval_s=1.0, registry=registry,
+                cluster, driver=DRIVER, backend=driver, sockets_dir=tmp, node=k8s_node,
+                health_interval_s=1.0, registry=registry,
             )  # fmt: skip
-            driver._pool_name = on_node.node_name  # the node name is only known now
             try:
                 yield HealthNode(node, driver, on_node)
             finally:

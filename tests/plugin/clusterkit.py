@@ -85,10 +85,12 @@ def start_plugin_on_node(
     sockets_dir: Path,
     node_prefix: str = "plugin-node",
     registry: Any = None,
+    node: dict[str, Any] | None = None,
     **settings: Any,
 ) -> PluginOnNode:
+    """``node``: an existing Node object (else one is created)."""
     apply_rbac(cluster)
-    node = cluster.create_node(unique(node_prefix))
+    node = node or cluster.create_node(unique(node_prefix))
     kubeconfig = node_bound_kubeconfig(cluster, node)
     plugin = KubeletPlugin(
         settings=PluginSettings(

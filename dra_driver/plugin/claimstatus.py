@@ -1,0 +1,175 @@
+"""ResourceClaim ``status.devices`` for our devices (KEP-4817): written at prepare,
+updated when a device's health changes, removed at unprepare.
+
+Each entry is keyed by driver, pool, device (and share ID) and carries what a
+workload or an operator needs to find and judge the device: ``data`` from the
+backend (:class:`DeviceStatusReporter`, e.g. the GPU UUID and PCI address) and
+two conditions, ``Ready`` (prepared on this node) and ``Healthy`` (the same
+health the kubelet's stream reports). Entries are written with server-side
+apply under the driver's name as field manager, so other drivers' entries in
+the same claim are never touched, and the apply carries the claim's UID, so a
+re-created claim of the same name is not written to.
+
+RBAC (deploy/rbac): ``resourceclaims/status`` ``patch`` plus the synthetic
+``resourceclaims/driver`` ``associated-node:patch`` for our driver name only:
+a node's plugin can write status only for claims allocated on its own node.
+Writing status is informational: a failure is logged and retried on the next
+health change or at the periodic refresh, never fails a prepare.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from dra_driver.plugin.backend import PreparedDevice
+from dra_driver.plugin.claims import ClaimRef
+
+Obj = dict[str, Any]
+ApplyStatus = Callable[[str, str, Obj], None]
+"""``(namespace, name, apply-patch body)``: server-side apply of the claim's status;
+returns quietly when the claim no longer exists."""
+
+
+@dataclass(frozen=True)
+class Condition:
+    type: str
+    status: str
+    """``True``, ``False`` or ``Unknown``."""
+    reason: str
+    """CamelCase, as metav1.Condition requires."""
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class DeviceStatus:
+    device: str
+    data: dict[str, Any] = field(default_factory=dict)
+    """Small JSON object (the API allows 10 KiB)."""
+    conditions: tuple[Condition, ...] = ()
+
+
+@runtime_checkable
+class DeviceStatusReporter(Protocol):
+    """Optional backend ability: what to say about prepared devices in the claim's status."""
+
+    def device_status(self, devices: Sequence[PreparedDevice]) -> list[DeviceStatus]: ...
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class ClaimStatusWriter:
+    def __init__(
+        self,
+        *,
+        driver_name: str,
+        apply: ApplyStatus,
+        reporter: DeviceStatusReporter | None,
+        logger: logging.Logger,
+        node_name: str = "",
+        now: Callable[[], str] = _now,
+    ) -> None:
+        self._driver = driver_name
+        self._apply = apply
+        self._reporter = reporter
+        self._log = logger
+        self._node = node_name
+        self._now = now
+        self._lock = threading.Lock()
+        self._claims: dict[str, tuple[ClaimRef, tuple[PreparedDevice, ...]]] = {}
+        self._written: dict[str, Obj] = {}
+        self._since: dict[tuple[str, str, str, str], tuple[str, str]] = {}
+        """(claim uid, device, share id, condition type) -> (status, lastTransitionTime)."""
+
+    def _entries(self, ref: ClaimRef, devices: Sequence[PreparedDevice]) -> list[Obj]:
+        reported = {
+            d.device: d for d in (self._reporter.device_status(devices) if self._reporter else [])
+        }
+        out = []
+        for dev in devices:
+            st = reported.get(dev.device_name, DeviceStatus(dev.device_name))
+            where = f" on node {self._node}" if self._node else ""
+            ready = Condition("Ready", "True", "Prepared", f"prepared by {self._driver}{where}")
+            conditions = [ready, *st.conditions]
+            entry: Obj = {"driver": self._driver, "pool": dev.pool_name, "device": dev.device_name}
+            if dev.share_id:
+                entry["shareID"] = dev.share_id
+            entry["conditions"] = [
+                {
+                    "type": c.type,
+                    "status": c.status,
+                    "reason": c.reason,
+                    "message": c.message[:32768],
+                    "lastTransitionTime": self._transition(ref.uid, dev, c),
+                }
+                for c in conditions
+            ]
+            data = {**st.data, "cdiDeviceIDs": list(dev.cdi_device_ids)}
+            entry["data"] = data
+            out.append(entry)
+        return out
+
+    def _transition(self, uid: str, dev: PreparedDevice, c: Condition) -> str:
+        key = (uid, dev.device_name, dev.share_id or "", c.type)
+        old = self._since.get(key)
+        if old is None or old[0] != c.status:
+            self._since[key] = (c.status, self._now())
+        return self._since[key][1]
+
+    def _body(self, ref: ClaimRef, entries: list[Obj]) -> Obj:
+        return {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": ref.name, "namespace": ref.namespace, "uid": ref.uid},
+            "status": {"devices": entries},
+        }
+
+    def _write(self, ref: ClaimRef, body: Obj) -> bool:
+        try:
+            self._apply(ref.namespace, ref.name, body)
+            return True
+        except Exception as exc:  # informational: never fail the kubelet's call for it
+            self._log.warning(
+                "cannot write claim status devices: %s", exc,
+                extra={"claim_uid": ref.uid, "namespace": ref.namespace, "claim": ref.name},
+            )  # fmt: skip
+            return False
+
+    def prepared(self, ref: ClaimRef, devices: Sequence[PreparedDevice]) -> None:
+        """Write our entries for a claim just prepared (and remember it for refreshes)."""
+        with self._lock:
+            self._claims[ref.uid] = (ref, tuple(devices))
+            body = self._body(ref, self._entries(ref, devices))
+            if self._write(ref, body):
+                self._written[ref.uid] = body
+
+    def unprepared(self, ref: ClaimRef) -> None:
+        """Remove our entries (the claim may be gone already: nothing to do then)."""
+        with self._lock:
+            self._claims.pop(ref.uid, None)
+            self._written.pop(ref.uid, None)
+            self._since = {k: v for k, v in self._since.items() if k[0] != ref.uid}
+            try:
+                self._apply(ref.namespace, ref.name, self._body(ref, []))
+            except Exception as exc:
+                self._log.warning(
+                    "cannot remove claim status devices: %s", exc,
+                    extra={"claim_uid": ref.uid, "namespace": ref.namespace, "claim": ref.name},
+                )  # fmt: skip
+
+    def refresh(self) -> int:
+        """Re-apply entries that changed (device health) or failed before; returns writes."""
+        writes = 0
+        with self._lock:
+            for uid, (ref, devices) in list(self._claims.items()):
+                body = self._body(ref, self._entries(ref, devices))
+                if self._written.get(uid) != body and self._write(ref, body):
+                    self._written[uid] = body
+                    writes += 1
+        return writes
