@@ -33,13 +33,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from dra_driver.gpu.checkpoint import CheckpointStore
+from dra_driver.gpu.checkpoint import PREPARED, ClaimEntry, DeviceRecord
 from dra_driver.gpu.discovery import discover
 from dra_driver.gpu.emulation import gputools
 from dra_driver.gpu.emulation.node import EmulatedNode
 from dra_driver.gpu.hostpaths import HostPaths, find_driver_root
 from dra_driver.gpu.preparing import ClaimPreparer
 from dra_driver.gpu.sharing import GpuTools
+from dra_driver.gpu.statefile import CheckpointStore
 from dra_driver.plugin.claims import AllocatedDevice, Claim, ClaimRef, OpaqueConfig
 
 
@@ -134,26 +135,23 @@ def run(rounds: int, real: bool = False) -> dict[str, Any]:
                 "unprepare": percentiles(unprep),
                 "repeat_prepare": percentiles(repeat),
             }
-        store = CheckpointStore(
-            state_dir=root / "ckpt",
-            boot_id_path=host.proc("sys", "kernel", "random", "boot_id"),
-        )
+        store = CheckpointStore(state_dir=root / "ckpt", proc_dir=host.proc(), logger=log)
         for others in (0, 100):
-            with store.locked() as cp:
+            with store.transaction() as loaded:
+                cp = loaded.checkpoint
                 for i in range(others):
-                    cp.claims[str(uuid.uuid4())] = {
-                        "state": "PrepareCompleted",
-                        "namespace": "ns",
-                        "name": f"c{i}",
-                        "devices": [
-                            {"poolName": "node", "deviceName": "gpu-0", "cdiDeviceIds": []}
-                        ],
-                    }
+                    cp.claims[str(uuid.uuid4())] = ClaimEntry(
+                        state=PREPARED,
+                        namespace="ns",
+                        name=f"c{i}",
+                        devices=[DeviceRecord(request="gpu", pool="node", device="gpu-0")],
+                        units=[],
+                    )
                 saves = [timed(lambda cp=cp: store.save(cp)) for _ in range(rounds)]  # type: ignore[misc]
             results[f"checkpoint_save_{others}_claims"] = percentiles(saves)
 
         def lock_load() -> None:
-            with store.locked():
+            with store.transaction():
                 pass
 
         results["checkpoint_lock_load_100_claims"] = percentiles(

@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dra_driver.errors import DriverError
+
 SPEC_FILE_MODE = 0o644
 """Runtimes read the file as root; hooks in it run as root, so never group/world writable."""
 
@@ -38,7 +40,7 @@ _DEVICE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.:-]*[A-Za-z0-9])?$")
 _ENV = re.compile(r"^[^=]+=")
 
 
-class CdiError(Exception):
+class CdiError(DriverError):
     """A spec we built is invalid, or the spec file cannot be written or removed."""
 
 
@@ -293,10 +295,15 @@ def temp_files_for(target: Path) -> list[Path]:
 def write_atomic(
     target: Path, data: bytes, *, mode: int = SPEC_FILE_MODE, opener: Opener = _default_opener
 ) -> None:
-    """Temp file in the same dir, fsync, rename over ``target``, fsync the dir.
+    """Temp file in the same dir, then renamed over ``target``.
 
     Readers (runtimes watching the dir with inotify) see either no file or the
-    whole file. On any error the temp file is removed and nothing else changes.
+    whole file, and a process killed mid-write leaves only a temp file (never
+    ``.json``, so never loaded). No fsync: it would only protect against a power
+    loss, and after the reboot that follows, every spec we wrote is stale (the
+    checkpoint discards the previous boot's claims and removes their specs; the
+    kubelet prepares running pods' claims again). On any error the temp file is
+    removed and nothing else changes.
     """
     try:
         fd, tmp = opener(target)
@@ -305,15 +312,8 @@ def write_atomic(
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
-            fh.flush()
             os.fchmod(fh.fileno(), mode)
-            os.fsync(fh.fileno())
         Path(tmp).replace(target)
-        dir_fd = os.open(target.parent, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
     except OSError as exc:
         Path(tmp).unlink(missing_ok=True)
         raise CdiError(f"write {target}: {_reason(exc)}") from exc

@@ -1,206 +1,340 @@
-"""The prepared-claims checkpoint: ``<state_dir>/checkpoint.json``.
+"""The prepared-claims checkpoint: typed entries, the JSON format, the v1 migration.
 
-Format (JSON object, version 1)::
+Format (``<state_dir>/checkpoint.json``, version 2)::
 
-    {"version": 1,
+    {"version": 2,
      "nodeBootID": "<contents of /proc/sys/kernel/random/boot_id>",
      "claims": {"<claim uid>": {
-        "state": "PrepareStarted" | "PrepareCompleted",
+        "state": "Preparing" | "Prepared" | "Unpreparing",
         "namespace": "...", "name": "...",
-        "devices": [{"requestNames": [...], "poolName": "...", "deviceName": "...",
-                     "cdiDeviceIds": [...], "shareId": "..."?, "adminAccess": false}],
-        "applied": {"cdiSpec": "<path>", "timeSlicing": [<uuid>...],
-                    "computeMode": [<uuid>...], "mps": [{"id": "...", "uuids": [...]}]}}}}
+        "devices": [{"request": "gpu" | "gpu/sub", "pool": "...", "device": "gpu-0",
+                     "adminAccess": false, "shareID": "..."?, "consumedCapacity": {...},
+                     "cdiDeviceIDs": ["k8s.gpu.nvidia.com/claim=<uid>-gpu-0"]}],
+        "units": [{"strategy": "MPS", "devices": ["gpu-0"], "gpus": ["GPU-..."],
+                   "shared": [], "record": {...strategy's own...}}],
+        "error": "<why the last teardown did not finish>"?}},
+     "shared": {"gpu-0/mps": {"strategy": "...", "state": "Acquiring" | "Ready" |
+                              "Releasing", "record": {...}}}}
 
-Compatibility rules: readers ignore fields they do not know and *preserve* them
-when they rewrite the file (entries are edited in place), so a newer plugin's
-additions survive a downgrade and an upgrade never sees an "invalid" old file.
-``version`` changes only for incompatible changes; a file with a higher version
-is refused rather than misread. There is deliberately no checksum: a checksum
-over re-serialised data breaks on every added field (NVIDIA #1080, #1119).
+States, each written before the step it announces: ``Preparing`` (devices and
+every unit recorded, nothing applied yet, or some of it), ``Prepared`` (CDI
+spec written; the only state a prepare returns as done), ``Unpreparing``
+(teardown started, or a rollback that did not finish: never reported as
+prepared; its devices stay reserved until the teardown completes).
 
-Two-phase prepare: an entry is written as ``PrepareStarted`` *with the plan*
-(what will be applied) before anything is applied, and becomes
-``PrepareCompleted`` with the result at the end. A process killed in between
-leaves a ``PrepareStarted`` entry; the next prepare or unprepare of that claim
-rolls the plan back first (every undo step is idempotent).
-
-Reboots: ``nodeBootID`` differs after a reboot. Prepared state from before the
-reboot is then stale (device state and daemons are gone, ``/var/run/cdi`` is
-usually cleared); it is dropped, and the preparer removes leftover files but
-never signals PIDs recorded in a previous boot.
-
-Concurrency: every read-modify-write happens under an exclusive ``flock`` on
-``checkpoint.lock`` (waits up to ``lock_timeout`` seconds), so two plugin
-processes during an upgrade, or concurrent claims, never interleave. Writes
-are atomic (temp file in the same dir, fsync, rename, fsync dir), mode 0600.
-
-Corrupt file (not JSON, not an object, wrong types): every prepare and
-unprepare fails with :class:`CheckpointCorruptError` naming the file; nothing
-is overwritten automatically, because the file is the only record of what must
-be undone. Recovery: stop the plugin, move the file aside (keep it for the bug
-report), start the plugin. The kubelet then re-sends prepare for running pods
-(recreating their state) and unprepare for finished ones; unprepare of a claim
-the checkpoint does not know still removes that claim's CDI spec and MPS
-directories, because their paths derive from the claim UID.
+Compatibility: unknown fields at any level are kept and written back, so a
+newer plugin's additions survive a rewrite by this one. Version 1 files (plugin
+0.1, ``PrepareStarted``/``PrepareCompleted`` and an ``applied`` summary) are
+migrated on read (:func:`migrate_v1`); a higher version is refused, never
+misread. A malformed entry makes the whole file :class:`CheckpointCorruptError`
+with the path of the bad field: it is the only record of what must be undone.
 """
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
-import json
-import os
-import time
-from collections.abc import Iterator
+import re
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from dra_driver.gpu.cdi import CdiError, temp_files_for, write_atomic
-from dra_driver.plugin.backend import PreparedDevice
+from dra_driver.errors import DriverError
+from dra_driver.gpu.strategies.base import Unit
 
-VERSION = 1
-STARTED = "PrepareStarted"
-COMPLETED = "PrepareCompleted"
-FILE_NAME = "checkpoint.json"
-LOCK_NAME = "checkpoint.lock"
+VERSION = 2
+ClaimState = Literal["Preparing", "Prepared", "Unpreparing"]
+PREPARING: ClaimState = "Preparing"
+PREPARED: ClaimState = "Prepared"
+UNPREPARING: ClaimState = "Unpreparing"
+SharedState = Literal["Acquiring", "Ready", "Releasing"]
+ACQUIRING: SharedState = "Acquiring"
+READY: SharedState = "Ready"
+RELEASING: SharedState = "Releasing"
+_UID = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 
 
-class CheckpointError(Exception):
-    """The checkpoint cannot be read, locked or written."""
+class CheckpointError(DriverError):
+    """The checkpoint cannot be locked, read or written."""
 
 
 class CheckpointCorruptError(CheckpointError):
-    """The file exists but is not a checkpoint we can read; see the module docstring."""
+    """The file exists but is not a checkpoint we can trust."""
+
+
+@dataclass
+class DeviceRecord:
+    """One allocated device of a claim and what the kubelet got for it."""
+
+    request: str
+    pool: str
+    device: str
+    admin_access: bool = False
+    share_id: str | None = None
+    consumed_capacity: dict[str, str] = field(default_factory=dict)
+    cdi_device_ids: tuple[str, ...] = ()
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ClaimEntry:
+    state: ClaimState
+    namespace: str
+    name: str
+    devices: list[DeviceRecord]
+    units: list[Unit]
+    error: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+    unit_extras: list[dict[str, Any]] = field(default_factory=list)
+    """Unknown fields of each unit, kept for the rewrite."""
+
+    def shared_keys(self) -> set[str]:
+        return {key for unit in self.units for key in unit.shared}
+
+
+@dataclass
+class SharedEntry:
+    """A per-node resource used by the units of one or more claims."""
+
+    strategy: str
+    state: SharedState
+    record: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
 class Checkpoint:
-    """The decoded file; ``claims`` values are the raw entries, edited in place."""
+    boot_id: str
+    claims: dict[str, ClaimEntry] = field(default_factory=dict)
+    shared: dict[str, SharedEntry] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
 
-    raw: dict[str, Any]
-    stale: dict[str, dict[str, Any]] = field(default_factory=dict)
-    """Claims recorded in a previous boot, dropped from ``claims``; clean their files."""
-
-    @property
-    def claims(self) -> dict[str, dict[str, Any]]:
-        claims: dict[str, dict[str, Any]] = self.raw.setdefault("claims", {})
-        return claims
+    def users_of(self, key: str) -> list[str]:
+        """UIDs of the claims whose units use shared resource ``key``."""
+        return [uid for uid, e in self.claims.items() if key in e.shared_keys()]
 
 
-def devices_to_json(devices: list[PreparedDevice], admin: dict[str, bool]) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
-    for d in devices:
-        entry: dict[str, Any] = {
-            "requestNames": list(d.request_names),
-            "poolName": d.pool_name,
-            "deviceName": d.device_name,
-            "cdiDeviceIds": list(d.cdi_device_ids),
-            "adminAccess": admin.get(d.device_name, False),
-        }
-        if d.share_id is not None:
-            entry["shareId"] = d.share_id
-        out.append(entry)
+# -- decoding -------------------------------------------------------------------------
+
+
+class _Reader:
+    """Typed access to one JSON object; every failure names the field's path."""
+
+    def __init__(self, raw: object, path: str, known: tuple[str, ...]) -> None:
+        if not isinstance(raw, dict):
+            raise CheckpointCorruptError(f"{path}: expected an object, got {_show(raw)}")
+        self.raw, self.path = raw, path
+        self.extra = {k: v for k, v in raw.items() if k not in known}
+
+    def get(self, key: str, kind: type, default: Any = ...) -> Any:
+        value = self.raw.get(key, default)
+        if (
+            value is ...
+            or not isinstance(value, kind)
+            or (isinstance(value, bool) and kind is not bool)
+        ):
+            if value is None and default is None:
+                return None
+            raise CheckpointCorruptError(
+                f"{self.path}.{key}: expected {kind.__name__}, got {_show(value)}"
+            )
+        return value
+
+    def strings(self, key: str) -> tuple[str, ...]:
+        values = self.get(key, list, [])
+        if not all(isinstance(v, str) for v in values):
+            raise CheckpointCorruptError(f"{self.path}.{key}: expected a list of strings")
+        return tuple(values)
+
+
+def _show(value: object) -> str:
+    return "nothing" if value is ... else repr(value)[:60]
+
+
+def _state(value: str, path: str, allowed: tuple[str, ...]) -> Any:
+    if value not in allowed:
+        raise CheckpointCorruptError(f"{path}: {value!r}; expected one of {', '.join(allowed)}")
+    return value
+
+
+def _device(raw: object, path: str) -> DeviceRecord:
+    known = ("request", "pool", "device", "adminAccess", "shareID", "consumedCapacity",
+             "cdiDeviceIDs")  # fmt: skip
+    r = _Reader(raw, path, known)
+    capacity = r.get("consumedCapacity", dict, {})
+    return DeviceRecord(
+        request=r.get("request", str),
+        pool=r.get("pool", str),
+        device=r.get("device", str),
+        admin_access=r.get("adminAccess", bool, False),
+        share_id=r.get("shareID", str, None),
+        consumed_capacity={str(k): str(v) for k, v in capacity.items()},
+        cdi_device_ids=r.strings("cdiDeviceIDs"),
+        extra=r.extra,
+    )
+
+
+def _unit(raw: object, path: str) -> tuple[Unit, dict[str, Any]]:
+    r = _Reader(raw, path, ("strategy", "devices", "gpus", "shared", "record"))
+    unit = Unit(
+        strategy=r.get("strategy", str),
+        devices=r.strings("devices"),
+        gpus=r.strings("gpus"),
+        shared=r.strings("shared"),
+        record=r.get("record", dict, {}),
+    )
+    return unit, r.extra
+
+
+def _claim(raw: object, path: str) -> ClaimEntry:
+    known = ("state", "namespace", "name", "devices", "units", "error")
+    r = _Reader(raw, path, known)
+    units = [_unit(u, f"{path}.units[{i}]") for i, u in enumerate(r.get("units", list, []))]
+    return ClaimEntry(
+        state=_state(r.get("state", str), f"{path}.state", (PREPARING, PREPARED, UNPREPARING)),
+        namespace=r.get("namespace", str, ""),
+        name=r.get("name", str, ""),
+        devices=[_device(d, f"{path}.devices[{i}]") for i, d in enumerate(r.get("devices", list))],
+        units=[u for u, _ in units],
+        error=r.get("error", str, ""),
+        extra=r.extra,
+        unit_extras=[x for _, x in units],
+    )
+
+
+def _shared(raw: object, path: str) -> SharedEntry:
+    r = _Reader(raw, path, ("strategy", "state", "record"))
+    return SharedEntry(
+        strategy=r.get("strategy", str),
+        state=_state(r.get("state", str), f"{path}.state", (ACQUIRING, READY, RELEASING)),
+        record=r.get("record", dict, {}),
+        extra=r.extra,
+    )
+
+
+def decode(raw: object) -> Checkpoint:
+    """A version 2 checkpoint (after :func:`migrate_v1` for version 1)."""
+    r = _Reader(raw, "checkpoint", ("version", "nodeBootID", "claims", "shared"))
+    claims = r.get("claims", dict, {})
+    for uid in claims:
+        if not _UID.match(uid):
+            raise CheckpointCorruptError(f"checkpoint.claims: {uid!r} is not a claim UID")
+    return Checkpoint(
+        boot_id=r.get("nodeBootID", str, ""),
+        claims={uid: _claim(e, f"claims.{uid}") for uid, e in claims.items()},
+        shared={k: _shared(e, f"shared.{k}") for k, e in r.get("shared", dict, {}).items()},
+        extra=r.extra,
+    )
+
+
+# -- encoding -------------------------------------------------------------------------
+
+
+def _device_json(d: DeviceRecord) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        **d.extra,
+        "request": d.request,
+        "pool": d.pool,
+        "device": d.device,
+        "adminAccess": d.admin_access,
+        "cdiDeviceIDs": list(d.cdi_device_ids),
+    }
+    if d.share_id is not None:
+        out["shareID"] = d.share_id
+    if d.consumed_capacity:
+        out["consumedCapacity"] = dict(d.consumed_capacity)
     return out
 
 
-def devices_from_json(entry: dict[str, Any]) -> list[PreparedDevice]:
-    return [
-        PreparedDevice(
-            request_names=tuple(d.get("requestNames", ())),
-            pool_name=d["poolName"],
-            device_name=d["deviceName"],
-            cdi_device_ids=tuple(d.get("cdiDeviceIds", ())),
-            share_id=d.get("shareId"),
-        )
-        for d in entry.get("devices", ())
-    ]
+def _claim_json(e: ClaimEntry) -> dict[str, Any]:
+    extras = e.unit_extras + [{}] * (len(e.units) - len(e.unit_extras))
+    out: dict[str, Any] = {
+        **e.extra,
+        "state": e.state,
+        "namespace": e.namespace,
+        "name": e.name,
+        "devices": [_device_json(d) for d in e.devices],
+        "units": [
+            {
+                **x,
+                "strategy": u.strategy,
+                "devices": list(u.devices),
+                "gpus": list(u.gpus),
+                "shared": list(u.shared),
+                "record": dict(u.record),
+            }
+            for u, x in zip(e.units, extras, strict=False)
+        ],
+    }
+    if e.error:
+        out["error"] = e.error
+    return out
 
 
-class CheckpointStore:
-    def __init__(self, *, state_dir: Path, boot_id_path: Path, lock_timeout: float = 10.0) -> None:
-        self.path = state_dir / FILE_NAME
-        self._lock_path = state_dir / LOCK_NAME
-        self._boot_id_path = boot_id_path
-        self._lock_timeout = lock_timeout
-        self._state_dir = state_dir
+def encode(cp: Checkpoint) -> dict[str, Any]:
+    return {
+        **cp.extra,
+        "version": VERSION,
+        "nodeBootID": cp.boot_id,
+        "claims": {uid: _claim_json(e) for uid, e in cp.claims.items()},
+        "shared": {
+            k: {**s.extra, "strategy": s.strategy, "state": s.state, "record": dict(s.record)}
+            for k, s in cp.shared.items()
+        },
+    }
 
-    def boot_id(self) -> str:
-        try:
-            return self._boot_id_path.read_text().strip()
-        except OSError as exc:
-            raise CheckpointError(f"read boot ID {self._boot_id_path}: {exc.strerror}") from exc
 
-    @contextlib.contextmanager
-    def locked(self) -> Iterator[Checkpoint]:
-        """Hold the node-wide lock and yield the current checkpoint."""
-        try:
-            self._state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-            fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        except OSError as exc:
-            raise CheckpointError(f"open lock {self._lock_path}: {exc.strerror}") from exc
-        try:
-            deadline = time.monotonic() + self._lock_timeout
-            while True:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    if time.monotonic() >= deadline:
-                        raise CheckpointError(
-                            f"{self._lock_path} is held by another process for more than "
-                            f"{self._lock_timeout:g}s; is a second plugin instance stuck?"
-                        ) from None
-                    time.sleep(0.01)
-            for tmp in temp_files_for(self.path):
-                tmp.unlink(missing_ok=True)
-            yield self._load()
-        finally:
-            os.close(fd)  # closing the only descriptor releases the flock
+# -- version 1 --------------------------------------------------------------------------
 
-    def _load(self) -> Checkpoint:
-        boot_id = self.boot_id()
-        try:
-            text = self.path.read_text()
-        except FileNotFoundError:
-            return Checkpoint({"version": VERSION, "nodeBootID": boot_id, "claims": {}})
-        except OSError as exc:
-            raise CheckpointError(f"read {self.path}: {exc.strerror}") from exc
-        try:
-            raw = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise self._corrupt(f"not valid JSON ({exc})") from exc
-        if not isinstance(raw, dict):
-            raise self._corrupt("top level is not a JSON object")
-        version = raw.get("version")
-        if not isinstance(version, int) or isinstance(version, bool) or version < 1:
-            raise self._corrupt(f"'version' is {version!r}, expected an integer >= 1")
-        if version > VERSION:
-            raise CheckpointError(
-                f"{self.path} has version {version}, written by a newer incompatible plugin; "
-                f"this plugin reads version {VERSION}. Roll forward, or move the file aside."
-            )
-        claims = raw.get("claims", {})
-        if not isinstance(claims, dict) or not all(isinstance(v, dict) for v in claims.values()):
-            raise self._corrupt("'claims' is not an object of objects")
-        if raw.get("nodeBootID") != boot_id:
-            raw["nodeBootID"] = boot_id
-            raw["claims"] = {}
-            return Checkpoint(raw, stale=claims)
-        return Checkpoint(raw)
 
-    def _corrupt(self, what: str) -> CheckpointCorruptError:
-        return CheckpointCorruptError(
-            f"checkpoint {self.path} is corrupt: {what}. Prepare and unprepare are refused so "
-            "no state is lost; recovery: stop the plugin, move the file aside, start it again "
-            "(see dra_driver.gpu.checkpoint)."
-        )
+def migrate_v1(raw: dict[str, Any]) -> dict[str, Any]:
+    """A version 1 file as version 2 JSON; fields v2 does not know stay as extras.
 
-    def save(self, checkpoint: Checkpoint) -> None:
-        checkpoint.raw["version"] = max(VERSION, int(checkpoint.raw.get("version", VERSION)))
-        data = (json.dumps(checkpoint.raw, indent=1, sort_keys=True) + "\n").encode()
-        try:
-            write_atomic(self.path, data, mode=0o600)
-        except CdiError as exc:
-            raise CheckpointError(str(exc)) from exc
+    v1 stored a summary of what was applied: ``timeSlicing`` (GPU UUIDs),
+    ``computeMode`` (UUIDs of those and of the GPUs MPS made exclusive) and ``mps``
+    (daemon ids with their UUIDs). That becomes one TimeSlicing unit per GPU and one
+    MPS unit per daemon; undo needs nothing else.
+    """
+    r = _Reader(raw, "checkpoint", ("version", "nodeBootID", "claims"))
+    out: dict[str, Any] = {**r.extra, "version": VERSION, "nodeBootID": raw.get("nodeBootID")}
+    claims: dict[str, Any] = {}
+    for uid, entry in r.get("claims", dict, {}).items():
+        path = f"claims.{uid}"
+        e = _Reader(entry, path, ("state", "namespace", "name", "devices", "applied"))
+        state = _state(e.get("state", str), f"{path}.state", ("PrepareStarted", "PrepareCompleted"))
+        applied = _Reader(e.get("applied", dict, {}), f"{path}.applied", ())
+        sliced = applied.strings("timeSlicing")
+        mps = applied.get("mps", list, [])
+        units: list[dict[str, Any]] = [
+            {"strategy": "TimeSlicing", "devices": [], "gpus": [u], "shared": [],
+             "record": {"gpu": u, "timeslice": None}}
+            for u in sliced
+        ]  # fmt: skip
+        exclusive = [u for u in applied.strings("computeMode") if u not in sliced]
+        for i, m in enumerate(mps):
+            group = _Reader(m, f"{path}.applied.mps[{i}]", ("id", "uuids"))
+            uuids = group.strings("uuids")
+            mine = [u for u in exclusive if u in uuids]
+            record = {"daemonId": group.get("id", str), "uuids": list(uuids), "exclusive": mine,
+                      "activeThreadPercentage": None, "pinnedMemory": {}}  # fmt: skip
+            units.append({"strategy": "MPS", "devices": [], "gpus": mine, "shared": [],
+                          "record": record})  # fmt: skip
+        devices = []
+        for i, d in enumerate(e.get("devices", list, [])):
+            dev = _Reader(d, f"{path}.devices[{i}]", ("requestNames", "poolName", "deviceName",
+                          "cdiDeviceIds", "shareId", "adminAccess"))  # fmt: skip
+            names = dev.strings("requestNames")
+            item = {**dev.extra, "request": names[0] if names else "",
+                    "pool": dev.get("poolName", str), "device": dev.get("deviceName", str),
+                    "adminAccess": dev.get("adminAccess", bool, False),
+                    "cdiDeviceIDs": list(dev.strings("cdiDeviceIds"))}  # fmt: skip
+            if dev.get("shareId", str, None) is not None:
+                item["shareID"] = dev.raw["shareId"]
+            devices.append(item)
+        claims[uid] = {
+            **e.extra,
+            "state": PREPARED if state == "PrepareCompleted" else PREPARING,
+            "namespace": e.get("namespace", str, ""),
+            "name": e.get("name", str, ""),
+            "devices": devices,
+            "units": units,
+        }
+    out["claims"] = claims
+    return out

@@ -1,4 +1,4 @@
-"""Opaque device configs: strict decoding, normalisation, validation, precedence.
+"""Opaque device configs: strict decoding of the envelope, precedence, quantities.
 
 Compatible with NVIDIA's ``resource.nvidia.com/v1beta1`` kinds so claims written
 for their driver keep working::
@@ -6,66 +6,81 @@ for their driver keep working::
     apiVersion: resource.nvidia.com/v1beta1
     kind: GpuConfig                  # or MigDeviceConfig
     sharing:
-      strategy: TimeSlicing          # or MPS
-      timeSlicingConfig:             # GpuConfig only
-        interval: Default            # Default | Short | Medium | Long
-      mpsConfig:
-        defaultActiveThreadPercentage: 50                 # 0..100
-        defaultPinnedDeviceMemoryLimit: 10Gi              # Quantity, >= 1Mi
-        defaultPerDevicePinnedMemoryLimit: {<uuid|index>: 5Gi}
+      strategy: TimeSlicing          # or MPS: the name of a sharing strategy
+      timeSlicingConfig: {...}       # the settings of the strategy named above
+      mpsConfig: {...}
 
-Decoding is strict: an unknown apiVersion, kind, field or enum value fails the
-claim with the field path and the allowed values, before anything is written.
-Precedence follows NVIDIA: class configs, then claim configs, the later one
-replaces the earlier for a device; a config without ``requests`` applies to all
-devices of its type, one that names a request whose device has the other type
-is an error. No config means no sharing change (the GPU is left as it is).
+This module owns the envelope (``apiVersion``, ``kind``, ``sharing.strategy``);
+each sharing strategy (:mod:`dra_driver.gpu.strategies`) decodes its own
+settings object through the small :class:`SharingDecoder` protocol, so a new
+strategy adds a decoder, not a branch here. Decoding is strict: an unknown
+apiVersion, kind, field or enum value fails the claim with the field path and
+the allowed values, before anything is written. Precedence follows NVIDIA:
+class configs, then claim configs, the later one replaces the earlier for a
+device; a config without ``requests`` applies to all devices of its kind, one
+that names a request whose device has the other kind is an error. No config
+means no sharing (the default strategy).
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
-from decimal import Decimal, InvalidOperation
-from typing import Any, Literal
+from collections.abc import Mapping
+from dataclasses import dataclass
+from decimal import Decimal, DecimalException
+from typing import Any, Literal, Protocol
 
+from dra_driver.errors import DriverError
 from dra_driver.plugin.claims import Claim
 
 API_VERSION = "resource.nvidia.com/v1beta1"
 GPU_CONFIG = "GpuConfig"
 MIG_CONFIG = "MigDeviceConfig"
 KINDS = (GPU_CONFIG, MIG_CONFIG)
-INTERVALS = {"Default": 0, "Short": 1, "Medium": 2, "Long": 3}
-"""Interval name -> ``nvidia-smi compute-policy --set-timeslice`` argument."""
 MIB = 1024 * 1024
+MAX_QUANTITY = 2**63
+"""8Ei: no GPU quantity comes near it, and larger ones overflow int64 elsewhere."""
 
 DeviceType = Literal["gpu", "mig"]
 
 
-class ConfigError(ValueError):
+class ConfigError(DriverError, ValueError):
     """An opaque config is invalid; the message names the field and what is allowed."""
 
 
-@dataclass(frozen=True)
-class TimeSlicing:
-    interval: str = "Default"
+class SharingDecoder(Protocol):
+    """How a sharing strategy reads its settings from ``sharing.<field>``."""
+
+    @property
+    def field(self) -> str:
+        """Its settings field under ``sharing``, e.g. ``timeSlicingConfig``."""
+        ...
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        """Config kinds on which that field is allowed (the strategy name is allowed on
+        both; e.g. MIG devices are always time-sliced and take no settings)."""
+        ...
+
+    def decode(self, raw: object, path: str) -> object:
+        """Settings from ``raw`` (None when absent); raises :class:`ConfigError`."""
+        ...
 
 
 @dataclass(frozen=True)
-class Mps:
-    active_thread_percentage: int | None = None
-    pinned_memory_limit: int | None = None
-    """Bytes, for every device of the group."""
-    per_device_pinned_memory_limit: dict[str, int] = field(default_factory=dict)
-    """Bytes by device UUID or by the device's index within the claim."""
+class Sharing:
+    strategy: str
+    """Name of the strategy, as ``sharing.strategy`` gives it."""
+    settings: object
+    """What the strategy's decoder returned."""
 
 
 @dataclass(frozen=True)
 class DeviceConfig:
     kind: str
-    sharing: TimeSlicing | Mps | None = None
+    sharing: Sharing | None = None
     origin: str = "default"
-    """Where it came from, for messages (e.g. ``config[1] FromClaim``)."""
+    """Where it came from, for messages and grouping (e.g. ``config[1]``)."""
 
 
 _QUANTITY = re.compile(r"^([+-]?(?:\d+\.?\d*|\.\d+))(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE][+-]?\d+)?$")
@@ -85,23 +100,34 @@ _SUFFIX = {
 
 
 def parse_quantity(value: object, path: str) -> int:
-    """A Kubernetes quantity (``10Gi``, ``1.5G``, ``1e9``, ``512``) as whole bytes, rounded up."""
+    """A Kubernetes quantity (``10Gi``, ``1.5G``, ``1e9``, ``512``) as whole bytes, rounded
+    up; at most 8Ei, like the API server's int64."""
     if isinstance(value, bool) or not isinstance(value, str | int):
         raise ConfigError(f"{path}: must be a quantity such as 8Gi or 4096Mi, got {value!r}")
     m = _QUANTITY.match(str(value).strip())
-    if not m:
+    if not m or len(m.group(1)) > 40:
         raise ConfigError(f"{path}: {value!r} is not a quantity (examples: 8Gi, 4096Mi, 1e9)")
+    suffix = m.group(2) or ""
+    too_big = ConfigError(f"{path}: {value!r} is out of range; the maximum is 8Ei")
+    if suffix not in _SUFFIX:  # exponent form, e.g. e9 (E alone is exa, Ei exbi)
+        exponent = int(suffix[1:])
+        if exponent > 40:  # never build a huge Decimal: 40 digits * 10^40 is beyond 8Ei
+            raise too_big
+        scale = Decimal(10) ** max(exponent, -41)  # smaller ones round up alike
+    else:
+        scale = _SUFFIX[suffix]
     try:
-        number = Decimal(m.group(1))
-        suffix = m.group(2) or ""
-        scale = Decimal(10) ** int(suffix[1:]) if suffix[:1] in ("e", "E") else _SUFFIX[suffix]
-    except (InvalidOperation, ValueError) as exc:
+        total = Decimal(m.group(1)) * scale
+        result = int(total.to_integral_value(rounding="ROUND_CEILING"))
+    except DecimalException as exc:
         raise ConfigError(f"{path}: {value!r} is not a quantity") from exc
-    total = number * scale
-    return int(total.to_integral_value(rounding="ROUND_CEILING"))
+    if abs(result) > MAX_QUANTITY:
+        raise too_big
+    return result
 
 
-def _obj(value: object, path: str, allowed: tuple[str, ...]) -> dict[str, Any]:
+def obj(value: object, path: str, allowed: tuple[str, ...]) -> dict[str, Any]:
+    """``value`` as an object with only ``allowed`` keys; for strategy decoders too."""
     if not isinstance(value, dict):
         raise ConfigError(f"{path}: must be an object with fields {', '.join(allowed)}")
     for key in value:
@@ -112,101 +138,55 @@ def _obj(value: object, path: str, allowed: tuple[str, ...]) -> dict[str, Any]:
     return value
 
 
-def _enum(value: object, path: str, allowed: tuple[str, ...]) -> str:
+def enum(value: object, path: str, allowed: tuple[str, ...]) -> str:
     if value not in allowed:
         raise ConfigError(f"{path}: unsupported value {value!r}; allowed: {', '.join(allowed)}")
     return str(value)
 
 
-def _pinned(value: object, path: str) -> int:
-    limit = parse_quantity(value, path)
-    if limit < MIB:
-        raise ConfigError(f"{path}: {value!r} is below the minimum of 1Mi")
-    return limit
-
-
-def _decode_mps(raw: object, path: str) -> Mps:
-    fields = (
-        "defaultActiveThreadPercentage",
-        "defaultPinnedDeviceMemoryLimit",
-        "defaultPerDevicePinnedMemoryLimit",
-    )
-    obj = _obj(raw if raw is not None else {}, path, fields)
-    pct = obj.get("defaultActiveThreadPercentage")
-    if pct is not None and (
-        isinstance(pct, bool) or not isinstance(pct, int) or not 0 <= pct <= 100
-    ):
-        raise ConfigError(f"{path}.defaultActiveThreadPercentage: {pct!r}; allowed: integer 0..100")
-    default = obj.get("defaultPinnedDeviceMemoryLimit")
-    per_raw = obj.get("defaultPerDevicePinnedMemoryLimit") or {}
-    if not isinstance(per_raw, dict):
-        raise ConfigError(
-            f"{path}.defaultPerDevicePinnedMemoryLimit: "
-            "must map a device UUID or index to a quantity"
-        )
-    per = {
-        str(k): _pinned(v, f"{path}.defaultPerDevicePinnedMemoryLimit[{k}]")
-        for k, v in per_raw.items()
-    }
-    return Mps(
-        active_thread_percentage=pct,
-        pinned_memory_limit=_pinned(default, f"{path}.defaultPinnedDeviceMemoryLimit")
-        if default is not None
-        else None,
-        per_device_pinned_memory_limit=per,
-    )
-
-
-def decode(parameters: object, origin: str) -> DeviceConfig:
-    """Strictly decode one opaque ``parameters`` object; ``origin`` prefixes messages."""
+def decode(
+    parameters: object, origin: str, strategies: Mapping[str, SharingDecoder]
+) -> DeviceConfig:
+    """Strictly decode one opaque ``parameters`` object; ``origin`` prefixes messages,
+    ``strategies`` maps each ``sharing.strategy`` name to its decoder."""
     try:
-        return _decode(parameters)
+        return _decode(parameters, strategies)
     except ConfigError as exc:
         raise ConfigError(f"{origin}: {exc}") from None
 
 
-def _decode(parameters: object) -> DeviceConfig:
+def _decode(parameters: object, strategies: Mapping[str, SharingDecoder]) -> DeviceConfig:
     if not isinstance(parameters, dict):
         raise ConfigError("parameters: must be an object with apiVersion and kind")
-    _enum(parameters.get("apiVersion"), "apiVersion", (API_VERSION,))
-    kind = _enum(parameters.get("kind"), "kind", KINDS)
-    obj = _obj(parameters, "", ("apiVersion", "kind", "sharing"))
-    if obj.get("sharing") is None:
+    enum(parameters.get("apiVersion"), "apiVersion", (API_VERSION,))
+    kind = enum(parameters.get("kind"), "kind", KINDS)
+    raw = obj(parameters, "", ("apiVersion", "kind", "sharing"))
+    if raw.get("sharing") is None:
         return DeviceConfig(kind=kind)
-    is_gpu = kind == GPU_CONFIG
-    sharing_fields = (
-        ("strategy", "timeSlicingConfig", "mpsConfig") if is_gpu else ("strategy", "mpsConfig")
-    )
-    sharing = _obj(obj["sharing"], "sharing", sharing_fields)
-    strategy = _enum(sharing.get("strategy"), "sharing.strategy", ("TimeSlicing", "MPS"))
-    if strategy == "TimeSlicing":
-        if sharing.get("mpsConfig") is not None:
-            raise ConfigError("sharing.mpsConfig: only allowed with strategy MPS")
-        ts = _obj(
-            sharing.get("timeSlicingConfig") or {}, "sharing.timeSlicingConfig", ("interval",)
-        )
-        interval = _enum(
-            ts.get("interval", "Default"), "sharing.timeSlicingConfig.interval", tuple(INTERVALS)
-        )
-        return DeviceConfig(kind=kind, sharing=TimeSlicing(interval))
-    if sharing.get("timeSlicingConfig") is not None:
-        raise ConfigError("sharing.timeSlicingConfig: only allowed with strategy TimeSlicing")
-    return DeviceConfig(
-        kind=kind, sharing=_decode_mps(sharing.get("mpsConfig"), "sharing.mpsConfig")
-    )
+    fields = tuple(d.field for d in strategies.values() if kind in d.kinds)
+    sharing = obj(raw["sharing"], "sharing", ("strategy", *fields))
+    name = enum(sharing.get("strategy"), "sharing.strategy", tuple(strategies))
+    for other, decoder in strategies.items():
+        if other != name and sharing.get(decoder.field) is not None:
+            raise ConfigError(f"sharing.{decoder.field}: only allowed with strategy {other}")
+    decoder = strategies[name]
+    settings = decoder.decode(sharing.get(decoder.field), f"sharing.{decoder.field}")
+    return DeviceConfig(kind=kind, sharing=Sharing(name, settings))
 
 
 def kind_for(device_type: DeviceType) -> str:
     return GPU_CONFIG if device_type == "gpu" else MIG_CONFIG
 
 
-def resolve(claim: Claim, types: dict[str, DeviceType]) -> dict[tuple[str, str], DeviceConfig]:
+def resolve(
+    claim: Claim, types: dict[str, DeviceType], strategies: Mapping[str, SharingDecoder]
+) -> dict[tuple[str, str], DeviceConfig]:
     """Effective config per allocated ``(request, device)``; raises :class:`ConfigError`.
 
     ``types`` maps each allocated device name to ``gpu`` or ``mig``.
     """
     decoded = [
-        (cfg, decode(cfg.parameters, f"config[{i}] ({cfg.source})"))
+        (cfg, decode(cfg.parameters, f"config[{i}] ({cfg.source})", strategies))
         for i, cfg in enumerate(claim.configs)
     ]
     out: dict[tuple[str, str], DeviceConfig] = {}

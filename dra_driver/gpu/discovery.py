@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+from dra_driver.errors import DriverError
 from dra_driver.gpu.hostpaths import HostPaths
 from dra_driver.gpu.inventory import Gpu, Inventory, MigInstance, MigPlacement, MigProfile, PciInfo
 from dra_driver.gpu.nvml import NVML_GPU_INSTANCE_PROFILE_COUNT, Handle, Nvml, NvmlError
@@ -50,7 +51,7 @@ _MINOR_LINE = re.compile(r"^Device Minor:\s*(\d+)\s*$", re.MULTILINE)
 _CAP_MINOR_LINE = re.compile(r"^DeviceFileMinor:\s*(\d+)\s*$", re.MULTILINE)
 
 
-class DiscoveryError(RuntimeError):
+class DiscoveryError(DriverError, RuntimeError):
     """The node as a whole cannot be discovered (no NVML, no driver)."""
 
 

@@ -75,7 +75,8 @@ class GpuDriver:
         nvml_observer: CallObserver | None = None,
         health_events: HealthEvents | None = None,
     ) -> None:
-        """Runs the first discovery now, so a node without a usable driver fails at start.
+        """Runs the first discovery now, so a node without a usable driver fails at start,
+        then finishes whatever prepare or unprepare a previous process left half done.
 
         ``runtime_host`` is how the container runtime names the host's paths when
         this process sees them elsewhere (see :class:`~dra_driver.gpu.cdiedits.EditsBuilder`).
@@ -114,6 +115,7 @@ class GpuDriver:
             tools=tools,
             runtime_host=runtime_host,
         )
+        self._preparer.recover()
 
     def _build(self, inventory: Inventory, health: HealthSnapshot) -> Pool:
         policy = self._monitor.policy if self._monitor is not None else HealthPolicy()
@@ -194,6 +196,9 @@ class GpuDriver:
 
     def prepared_claims(self) -> list[ClaimRef]:
         return self._preparer.prepared_claims()
+
+    def close(self) -> None:
+        self._preparer.close()
 
     # ---- DeviceStatusReporter (claim status.devices) ----
     def device_status(self, devices: Sequence[PreparedDevice]) -> list[DeviceStatus]:

@@ -1,93 +1,91 @@
-"""ClaimPreparer: prepare and unprepare allocated claims on this node.
+"""ClaimPreparer: the one pipeline that prepares and unprepares claims on this node's GPUs.
 
-Prepare, under the node-wide checkpoint lock:
+Prepare:
 
-1. A ``PrepareCompleted`` entry returns its stored result (idempotent, no work).
-   A ``PrepareStarted`` entry (a crash mid-prepare) is rolled back first.
-2. Plan without side effects: map device names to the inventory, decode and
-   validate opaque configs, refuse devices another claim holds (unless either
-   side has admin access). Bad input fails here and nothing is written.
-3. Record ``PrepareStarted`` with the plan and the devices, then apply: compute
-   mode and time-slice, MPS dirs, shm tmpfs, daemon and limits, then the
-   claim's CDI spec.
-4. Record ``PrepareCompleted`` with the result.
+1. Plan without side effects (:mod:`dra_driver.gpu.planning`); bad input fails
+   here and nothing is written.
+2. Fast path, under the checkpoint lock only: a ``Prepared`` entry for the same
+   allocation whose CDI spec exists is returned as it is.
+3. Hold the claim's GPU locks (claims on other GPUs go on in parallel). An
+   older entry of the claim (an interrupted prepare, an unfinished teardown, a
+   vanished spec) is torn down first.
+4. Record ``Preparing`` with the devices and every unit, then apply unit by
+   unit (shared resources recorded, then acquired), write the CDI spec, record
+   ``Prepared``. Any exception after step 4 began rolls everything back (the
+   teardown below); a rollback that cannot finish leaves ``Unpreparing``, so
+   the claim is never reported prepared and its devices stay reserved.
 
-Any failure in 3 rolls back everything planned and drops the entry. Unprepare
-undoes the recorded plan (MPS, time-slice, compute mode, CDI spec) and also
-removes leftovers whose paths derive from the claim UID, so it is safe for
-unknown claims and after the checkpoint was moved aside.
+Unprepare (teardown): hold the GPU locks, record ``Unpreparing``, undo the
+units in reverse, release shared resources no other claim uses, remove the
+spec, drop the entry. A step that fails fails the unprepare and keeps the
+entry; the kubelet retries, every step being idempotent. An unknown claim's
+leftovers (files named after its UID) are removed, so unprepare is safe after
+the checkpoint was moved aside.
 
-Every step calls ``on_step(name)`` after it completes; the crash tests use it
-to SIGKILL the process at each step.
+Every step reports ``on_step(name)`` after it acted; the crash tests SIGKILL the
+process there. After a restart, :meth:`ClaimPreparer.recover` finishes every
+teardown and rolls back every prepare that was interrupted, and releases shared
+resources no claim uses. The checkpoint's states are documented in
+:mod:`dra_driver.gpu.checkpoint`, its file handling in :mod:`dra_driver.gpu.statefile`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-import re
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from dra_driver.errors import DriverError
 from dra_driver.gpu import cdi
-from dra_driver.gpu.cdiedits import EditsBuilder, read_majors
 from dra_driver.gpu.checkpoint import (
-    COMPLETED,
-    STARTED,
-    Checkpoint,
-    CheckpointError,
-    CheckpointStore,
-    devices_from_json,
-    devices_to_json,
+    ACQUIRING,
+    PREPARED,
+    PREPARING,
+    READY,
+    RELEASING,
+    UNPREPARING,
+    ClaimEntry,
+    SharedEntry,
 )
-from dra_driver.gpu.config import INTERVALS, ConfigError, DeviceType, Mps, TimeSlicing, resolve
+from dra_driver.gpu.claimspec import ClaimSpecs
 from dra_driver.gpu.hostpaths import HostPaths
-from dra_driver.gpu.inventory import Gpu, Inventory, MigInstance
-from dra_driver.gpu.naming import devices_by_name
-from dra_driver.gpu.sharing import (
-    GpuCommands,
-    GpuTools,
-    MpsDaemons,
-    ToolError,
-    is_mps_id_of,
-    mps_id,
-    pinned_limits,
-)
+from dra_driver.gpu.inventory import Inventory
+from dra_driver.gpu.locks import LockTimeout, NodeLocks
+from dra_driver.gpu.mpsdaemons import MpsDaemons
+from dra_driver.gpu.naming import gpu_name_of
+from dra_driver.gpu.planning import ClaimPlan, allocation_key, check_conflicts, plan_claim
+from dra_driver.gpu.sharing import GpuCommands, GpuTools
+from dra_driver.gpu.statefile import CheckpointStore, Loaded
+from dra_driver.gpu.strategies import builtin
+from dra_driver.gpu.strategies.base import SharedResources, SharingStrategy, Strategies, Unit
 from dra_driver.logs import ContextLogger, claim_logger
 from dra_driver.plugin.backend import PreparedDevice, PrepareError
 from dra_driver.plugin.claims import Claim, ClaimRef
 
-_UID = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 
+class _Steps:
+    """A strategy's view of the pipeline while it acts on one unit."""
 
-@dataclass
-class _MpsGroup:
-    daemon_id: str
-    uuids: list[str]
-    mps: Mps
-    limits: dict[str, int]
+    def __init__(
+        self, preparer: ClaimPreparer, uid: str, units: list[Unit] | None = None, index: int = 0
+    ) -> None:
+        self._p, self._uid, self._units, self._index = preparer, uid, units, index
 
+    def done(self, name: str) -> None:
+        self._p._on_step(name)
 
-@dataclass
-class _Plan:
-    devices: dict[str, Gpu | MigInstance] = field(default_factory=dict)
-    admin: dict[str, bool] = field(default_factory=dict)
-    timeslice: dict[str, int] = field(default_factory=dict)
-    """GPU uuid -> nvidia-smi timeslice value."""
-    exclusive: list[str] = field(default_factory=list)
-    """GPU uuids switched to EXCLUSIVE_PROCESS for MPS."""
-    mps: list[_MpsGroup] = field(default_factory=list)
-    mps_of: dict[str, str] = field(default_factory=dict)
-    """Device name -> MPS daemon id."""
-
-    def applied_json(self, spec: Path) -> dict[str, Any]:
-        return {
-            "cdiSpec": str(spec),
-            "timeSlicing": sorted(self.timeslice),
-            "computeMode": sorted({*self.timeslice, *self.exclusive}),
-            "mps": [{"id": g.daemon_id, "uuids": g.uuids} for g in self.mps],
-        }
+    def record(self, record: Mapping[str, Any]) -> None:
+        if self._units is None:
+            raise ValueError("only apply() records; acquire() returns its record")
+        with self._p._store.transaction() as loaded:
+            entry = loaded.checkpoint.claims[self._uid]
+            unit = dataclasses.replace(entry.units[self._index], record=dict(record))
+            entry.units[self._index] = self._units[self._index] = unit
+            self._p._store.save(loaded.checkpoint)
+        self._p._on_step(f"record:{unit.strategy}")
 
 
 class ClaimPreparer:
@@ -106,282 +104,329 @@ class ClaimPreparer:
         logger: logging.Logger,
         tools: GpuTools,
         runtime_host: HostPaths | None = None,
-        lock_timeout: float = 10.0,
+        strategies: Strategies | None = None,
+        gpu_lock_timeout_s: float = 30.0,
         on_step: Callable[[str], None] | None = None,
     ) -> None:
-        self._driver = driver_name
+        """``strategies`` defaults to the built-in ones (:func:`strategies.builtin`)."""
         self.kind = cdi.claim_kind(driver_name)
         cdi.validate_kind(self.kind)
         self._inventory = inventory
-        self._host = host
-        self._runtime_host = runtime_host
         self._cdi_dir = cdi_dir
         self._log = logger
-        self._store = CheckpointStore(
-            state_dir=state_dir,
-            boot_id_path=host.proc("sys", "kernel", "random", "boot_id"),
-            lock_timeout=lock_timeout,
-        )
-        self._commands = GpuCommands(tools=tools, logger=logger)
-        self._mps = MpsDaemons(root=state_dir / "mps", commands=self._commands, tools=tools)
-        problem = self._mps.depth_problem()
+        self._store = CheckpointStore(state_dir=state_dir, proc_dir=host.proc(), logger=logger)
+        self._locks = NodeLocks(state_dir / "locks")
+        self._gpu_lock_timeout_s = gpu_lock_timeout_s
+        commands = GpuCommands(tools=tools, logger=logger)
+        daemons = MpsDaemons(root=state_dir / "mps", commands=commands, tools=tools)
+        problem = daemons.depth_problem()
         if problem is not None:  # said at start, not first when an MPS claim arrives
             logger.warning("MPS claims will fail on this node: %s", problem)
+        self._strategies = strategies if strategies is not None else builtin(commands, daemons)
         self._on_step = on_step or (lambda _name: None)
-        self._builder_cache: EditsBuilder | None = None
+        self._specs = ClaimSpecs(kind=self.kind, host=host, runtime_host=runtime_host)
 
-    # -- public API -------------------------------------------------------------------
+    def close(self) -> None:
+        self._locks.close()
+        self._store.close()
+
+    # -- public API ---------------------------------------------------------------------
 
     def prepare(self, claim: Claim) -> list[PreparedDevice]:
         log = claim_logger(self._log, claim.uid, claim.ref.namespace, claim.ref.name)
-        _check_uid(claim.uid)
-        try:
-            with self._store.locked() as cp:
-                self._drop_stale(cp, log)
-                entry = cp.claims.get(claim.uid)
-                spec = cdi.transient_spec_path(self._cdi_dir, self.kind, claim.uid)
-                if entry is not None and entry.get("state") == COMPLETED:
-                    if spec.exists():
+        with self._errors(f"prepare claim {claim.ref}"):
+            plan = plan_claim(claim, self._inventory(), self._strategies)
+            records = plan.device_records(self.kind)
+            spec = cdi.transient_spec_path(self._cdi_dir, self.kind, claim.uid)
+            locks = set(plan.locks)
+            while True:
+                with self._store.transaction() as loaded:
+                    self._handle_reboot(loaded)
+                    entry = loaded.checkpoint.claims.get(claim.uid)
+                    if self._is_prepared(entry, records, spec):
+                        assert entry is not None
                         log.debug("claim already prepared")
-                        return devices_from_json(entry)
-                    log.warning("CDI spec %s vanished; preparing the claim again", spec)
-                elif entry is not None:
-                    log.warning("rolling back an interrupted prepare")
-                if entry is not None:
-                    self._undo(claim.uid, entry, log)
-                    del cp.claims[claim.uid]
-                    self._store.save(cp)
-                return self._prepare_locked(claim, cp, log)
-        except (CheckpointError, cdi.CdiError, ToolError, OSError) as exc:
-            raise PrepareError(f"prepare claim {claim.uid}: {exc}") from exc
+                        return _result(entry)
+                    wanted = locks | _locks_of(entry)
+                if not wanted <= locks:
+                    locks = wanted
+                    continue
+                with self._hold(locks):
+                    with self._store.transaction() as loaded:
+                        entry = loaded.checkpoint.claims.get(claim.uid)
+                        if self._is_prepared(entry, records, spec):
+                            assert entry is not None
+                            return _result(entry)
+                    if not _locks_of(entry) <= locks:
+                        locks |= _locks_of(entry)
+                        continue
+                    if entry is not None:
+                        log.warning(
+                            "tearing down what an earlier preparation left first",
+                            extra={"state": entry.state},
+                        )
+                        self._teardown(claim.uid, log, f"prepare claim {claim.ref}")
+                    return self._prepare_locked(plan, log)
 
     def unprepare(self, ref: ClaimRef) -> None:
         log = claim_logger(self._log, ref.uid, ref.namespace, ref.name)
-        _check_uid(ref.uid)
-        try:
-            with self._store.locked() as cp:
-                self._drop_stale(cp, log)
-                entry = cp.claims.get(ref.uid, {})
-                self._undo(ref.uid, entry, log)
-                if ref.uid in cp.claims:
-                    del cp.claims[ref.uid]
-                    self._store.save(cp)
+        with self._errors(f"unprepare claim {ref}"):
+            locks: set[str] = set()
+            while True:
+                with self._store.transaction() as loaded:
+                    self._handle_reboot(loaded)
+                    entry = loaded.checkpoint.claims.get(ref.uid)
+                    if entry is None:
+                        self._forget(ref.uid)  # under the lock: no prepare records it meanwhile
+                        return
+                    wanted = _locks_of(entry)
+                if not wanted <= locks:
+                    locks |= wanted
+                    continue
+                with self._hold(locks):
+                    with self._store.transaction() as loaded:
+                        entry = loaded.checkpoint.claims.get(ref.uid)
+                    if entry is None:
+                        return
+                    if not _locks_of(entry) <= locks:
+                        locks |= _locks_of(entry)
+                        continue
+                    self._teardown(ref.uid, log, f"unprepare claim {ref}")
                     log.info("claim unprepared")
-        except (CheckpointError, cdi.CdiError, ToolError, OSError) as exc:
-            raise PrepareError(f"unprepare claim {ref.uid}: {exc}") from exc
+                    return
 
     def prepared_claims(self) -> list[ClaimRef]:
-        """Every claim with state on this node, completed or interrupted."""
-        with self._store.locked() as cp:
+        """Every claim with state on this node, prepared or not completely undone."""
+        with self._errors("list prepared claims"), self._store.transaction() as loaded:
+            self._handle_reboot(loaded)
             return [
-                ClaimRef(namespace=e.get("namespace", ""), name=e.get("name", ""), uid=uid)
-                for uid, e in sorted(cp.claims.items())
+                ClaimRef(namespace=e.namespace, name=e.name, uid=uid)
+                for uid, e in sorted(loaded.checkpoint.claims.items())
             ]
 
-    # -- prepare ------------------------------------------------------------------
+    def recover(self) -> None:
+        """At start: finish interrupted teardowns, roll back interrupted prepares, release
+        shared resources without users. Failures are logged; the claim's next call retries."""
+        with self._store.transaction() as loaded:
+            self._handle_reboot(loaded)
+            cp = loaded.checkpoint
+            pending = [(uid, e) for uid, e in cp.claims.items() if e.state != PREPARED]
+            orphans = [k for k in cp.shared if not cp.users_of(k)]
+        for uid, entry in pending:
+            log = claim_logger(self._log, uid, entry.namespace, entry.name)
+            try:
+                with self._hold(_locks_of(entry)):
+                    with self._store.transaction() as loaded:
+                        current = loaded.checkpoint.claims.get(uid)
+                    if current is not None and current.state != PREPARED:
+                        log.warning("finishing an interrupted %s", current.state.lower())
+                        self._teardown(uid, log, "clean up at start")
+            except DriverError as exc:
+                log.error("could not clean up the claim at start: %s", exc)
+        for key in orphans:
+            try:
+                with self._hold([key.split("/", 1)[0]]):
+                    self._release_shared(key, None, self._log)
+            except DriverError as exc:
+                self._log.error("could not release shared resource %s: %s", key, exc)
 
-    def _prepare_locked(
-        self, claim: Claim, cp: Checkpoint, log: ContextLogger
-    ) -> list[PreparedDevice]:
-        inventory = self._inventory()
-        plan = self._plan(claim, inventory, cp)
-        spec_path = cdi.transient_spec_path(self._cdi_dir, self.kind, claim.uid)
-        result = self._result(claim)
-        entry: dict[str, Any] = {
-            "state": STARTED,
-            "namespace": claim.ref.namespace,
-            "name": claim.ref.name,
-            # Devices are recorded before anything is applied so that another claim can
-            # never take them while this one waits for its rollback.
-            "devices": devices_to_json(result, plan.admin),
-            "applied": plan.applied_json(spec_path),
-        }
-        cp.claims[claim.uid] = entry
-        self._store.save(cp)
-        self._on_step("checkpoint-started")
+    # -- prepare ------------------------------------------------------------------------
+
+    def _prepare_locked(self, plan: ClaimPlan, log: ContextLogger) -> list[PreparedDevice]:
+        claim = plan.claim
+        entry = ClaimEntry(
+            state=PREPARING,
+            namespace=claim.ref.namespace,
+            name=claim.ref.name,
+            devices=plan.device_records(self.kind),
+            units=list(plan.units),
+        )
+        with self._store.transaction() as loaded:
+            check_conflicts(loaded.checkpoint, claim.uid, entry)
+            loaded.checkpoint.claims[claim.uid] = entry
+            self._store.save(loaded.checkpoint)
+        self._on_step("checkpoint-preparing")
         try:
-            self._apply(claim, plan)
-            spec = self._build_spec(claim, plan, inventory)
+            units = list(plan.units)  # record() updates land here too
+            for i, unit in enumerate(plan.units):
+                strategy = self._strategy(unit.strategy)
+                for key in unit.shared:
+                    self._acquire_shared(key, strategy)
+                strategy.apply(unit, _Steps(self, claim.uid, units, i))
+            spec = self._specs.build(
+                claim.uid, plan.targets, units, self._inventory(), self._strategy
+            )
             cdi.write_spec(self._cdi_dir, claim.uid, spec)
             self._on_step("cdi-spec")
-            entry["state"] = COMPLETED
-            self._store.save(cp)
-            self._on_step("checkpoint-completed")
-        except (cdi.CdiError, ToolError, CheckpointError, OSError) as exc:
-            log.error("prepare failed, rolling back: %s", exc)
-            self._rollback_failed(claim.uid, cp, log)
-            raise PrepareError(f"prepare claim {claim.uid}: {exc}") from exc
-        log.info("claim prepared", extra={"devices": sorted(plan.devices)})
-        return result
-
-    def _rollback_failed(self, uid: str, cp: Checkpoint, log: ContextLogger) -> None:
-        try:
-            self._undo(uid, cp.claims[uid], log)
-            del cp.claims[uid]
-            self._store.save(cp)
-        except (cdi.CdiError, CheckpointError, ToolError, OSError) as exc:
-            log.error("rollback incomplete, the next call retries it: %s", exc)
-
-    def _plan(self, claim: Claim, inventory: Inventory, cp: Checkpoint) -> _Plan:
-        known = devices_by_name(inventory)
-        plan = _Plan()
-        types: dict[str, DeviceType] = {}
-        for dev in claim.devices:
-            obj = known.get(dev.device)
-            if obj is None:
-                raise PrepareError(
-                    f"device {dev.device!r} (request {dev.request!r}, pool {dev.pool!r}) is not "
-                    f"on this node; this node has: {', '.join(sorted(known)) or 'no devices'}",
-                    permanent=True,
-                )
-            plan.devices[dev.device] = obj
-            plan.admin[dev.device] = plan.admin.get(dev.device, False) or dev.admin_access
-            types[dev.device] = "gpu" if isinstance(obj, Gpu) else "mig"
-        self._check_conflicts(claim, cp, plan)
-        try:
-            configs = resolve(claim, types)
-            groups: dict[str, tuple[Mps, list[str], list[str]]] = {}
-            for (_request, name), cfg in configs.items():
-                obj = plan.devices[name]
-                if plan.admin[name] or cfg.sharing is None:
-                    continue
-                if isinstance(cfg.sharing, TimeSlicing):
-                    if isinstance(obj, Gpu):
-                        plan.timeslice[obj.uuid] = INTERVALS[cfg.sharing.interval]
-                    continue
-                mps, uuids, names = groups.setdefault(cfg.origin, (cfg.sharing, [], []))
-                if obj.uuid not in uuids:
-                    uuids.append(obj.uuid)
-                    names.append(name)
-                if isinstance(obj, Gpu):
-                    plan.exclusive.append(obj.uuid)
-            for origin, (mps, uuids, names) in groups.items():
-                group = _MpsGroup(
-                    mps_id(claim.uid, uuids), uuids, mps, pinned_limits(mps, uuids, origin)
-                )
-                plan.mps.append(group)
-                plan.mps_of.update(dict.fromkeys(names, group.daemon_id))
-        except ConfigError as exc:
-            raise PrepareError(f"invalid opaque config: {exc}", permanent=True) from exc
-        overlap = set(plan.timeslice) & set(plan.exclusive)
-        if overlap:
+            with self._store.transaction() as loaded:
+                loaded.checkpoint.claims[claim.uid].state = PREPARED
+                self._store.save(loaded.checkpoint)
+            self._on_step("checkpoint-prepared")
+        except Exception as exc:
+            reason = _describe(exc)
+            log.error("prepare failed, rolling back: %s", reason)
+            try:
+                self._teardown(claim.uid, log, "rollback")
+            except PrepareError as incomplete:
+                raise PrepareError(f"prepare claim {claim.ref}: {reason}; {incomplete}") from exc
             raise PrepareError(
-                f"devices {sorted(overlap)} get both TimeSlicing and MPS from different configs; "
-                "give each device one sharing strategy",
-                permanent=True,
-            )
-        return plan
+                f"prepare claim {claim.ref}: {reason}; everything applied was rolled back"
+            ) from exc
+        log.info("claim prepared", extra={"devices": [t.name for t in plan.targets]})
+        return _result(entry)
 
-    def _check_conflicts(self, claim: Claim, cp: Checkpoint, plan: _Plan) -> None:
-        for uid, other in cp.claims.items():
-            if uid == claim.uid:
-                continue
-            for dev in other.get("devices", ()):
-                name = dev.get("deviceName")
-                if name in plan.devices and not (plan.admin[name] or dev.get("adminAccess")):
-                    raise PrepareError(
-                        f"device {name!r} is already prepared for claim "
-                        f"{other.get('namespace')}/{other.get('name')} ({uid}); a device is "
-                        "shared only with admin access"
-                    )
+    def _acquire_shared(self, key: str, strategy: SharingStrategy) -> None:
+        assert isinstance(strategy, SharedResources)
+        with self._store.transaction() as loaded:
+            current = loaded.checkpoint.shared.get(key)
+            if current is not None and current.state == READY:
+                return
+            loaded.checkpoint.shared[key] = SharedEntry(strategy.name, ACQUIRING)
+            self._store.save(loaded.checkpoint)
+        self._on_step(f"shared-acquiring:{key}")
+        record = strategy.acquire(key, _Steps(self, ""))
+        with self._store.transaction() as loaded:
+            loaded.checkpoint.shared[key] = SharedEntry(strategy.name, READY, dict(record))
+            self._store.save(loaded.checkpoint)
+        self._on_step(f"shared-ready:{key}")
 
-    def _apply(self, claim: Claim, plan: _Plan) -> None:
-        for uuid, value in sorted(plan.timeslice.items()):
-            self._commands.set_compute_mode(uuid, "DEFAULT")
-            self._on_step(f"compute-mode:{uuid}")
-            self._commands.set_timeslice(uuid, value)
-            self._on_step(f"timeslice:{uuid}")
-        for uuid in plan.exclusive:
-            self._commands.set_compute_mode(uuid, "EXCLUSIVE_PROCESS")
-            self._on_step(f"compute-mode:{uuid}")
-        for group in plan.mps:
-            self._mps.make_dirs(group.daemon_id)
-            self._on_step(f"mps-dirs:{group.daemon_id}")
-            self._mps.mount_shm(group.daemon_id)
-            self._on_step(f"mps-shm:{group.daemon_id}")
-            self._mps.start(group.daemon_id, group.uuids)
-            self._on_step(f"mps-daemon:{group.daemon_id}")
-            self._mps.set_limits(group.daemon_id, group.uuids, group.mps, group.limits)
-            self._on_step(f"mps-limits:{group.daemon_id}")
+    # -- teardown -----------------------------------------------------------------------
 
-    def _builder(self, inventory: Inventory) -> EditsBuilder:
-        """Edits builder, rebuilt when the driver version or the device majors change."""
-        majors = read_majors(self._host)
-        key = (inventory.driver_version, tuple(sorted(majors.items())))
-        builder = self._builder_cache
-        if builder is None or builder.key != key:
-            builder = EditsBuilder(
-                host=self._host,
-                driver_version=inventory.driver_version,
-                runtime_host=self._runtime_host,
-                majors=majors,
-            )
-            self._builder_cache = builder
-        return builder
-
-    def _build_spec(self, claim: Claim, plan: _Plan, inventory: Inventory) -> cdi.Spec:
-        builder = self._builder(inventory)
-        devices = []
-        for name, obj in plan.devices.items():
-            edits = builder.gpu(obj) if isinstance(obj, Gpu) else builder.mig(obj)
-            if name in plan.mps_of:
-                edits = edits.merged(self._mps.container_edits(plan.mps_of[name]))
-            devices.append(cdi.CdiDevice(name=f"{claim.uid}-{name}", edits=edits))
-        return cdi.Spec(kind=self.kind, devices=tuple(devices), edits=builder.common())
-
-    def _result(self, claim: Claim) -> list[PreparedDevice]:
-        return [
-            PreparedDevice(
-                request_names=(dev.base_request,),
-                pool_name=dev.pool,
-                device_name=dev.device,
-                cdi_device_ids=(cdi.qualified_name(self.kind, f"{claim.uid}-{dev.device}"),),
-                share_id=dev.share_id,
-            )
-            for dev in claim.devices
-        ]
-
-    # -- undo ---------------------------------------------------------------------
-
-    def _undo(self, uid: str, entry: dict[str, Any], log: ContextLogger) -> None:
-        """Undo a claim's plan and remove UID-derived leftovers; every step is idempotent."""
-        applied = entry.get("applied") or {}
-        ids = {m.get("id") for m in applied.get("mps", ()) if isinstance(m, dict)}
-        for daemon_id in sorted({*filter(None, ids), *self._mps.ids_for_claim(uid)}):
-            if is_mps_id_of(daemon_id, uid):
-                self._mps.stop(daemon_id)
-        for uuid in applied.get("timeSlicing", ()):
-            self._best_effort(log, self._commands.set_timeslice, uuid, 0)
-        for uuid in applied.get("computeMode", ()):
-            self._best_effort(log, self._commands.set_compute_mode, uuid, "DEFAULT")
-        cdi.remove_spec(self._cdi_dir, self.kind, uid)
-
-    @staticmethod
-    def _best_effort(log: ContextLogger, fn: Callable[[str, Any], None], uuid: str, v: Any) -> None:
+    def _teardown(self, uid: str, log: ContextLogger, what: str) -> None:
+        """Undo everything recorded for ``uid`` and drop its entry; the caller holds its
+        GPU locks. Raises :class:`PrepareError` (entry kept) when a step failed; its
+        message starts with ``what``."""
+        with self._store.transaction() as loaded:
+            entry = loaded.checkpoint.claims.get(uid)
+            if entry is None:
+                return
+            if entry.state != UNPREPARING:
+                entry.state = UNPREPARING
+                self._store.save(loaded.checkpoint)
+        self._on_step("checkpoint-unpreparing")
+        errors = []
+        for unit in reversed(entry.units):
+            try:
+                self._strategy(unit.strategy).undo(unit, _Steps(self, uid))
+            except Exception as exc:
+                errors.append(f"{unit.strategy}: {_describe(exc)}")
+        for key in sorted(entry.shared_keys()):
+            try:
+                self._release_shared(key, uid, log)
+            except Exception as exc:
+                errors.append(f"release {key}: {_describe(exc)}")
         try:
-            fn(uuid, v)
-        except ToolError as exc:
-            log.warning("could not reset GPU %s: %s", uuid, exc)
+            cdi.remove_spec(self._cdi_dir, self.kind, uid)
+            self._on_step("cdi-spec-removed")
+        except cdi.CdiError as exc:
+            errors.append(str(exc))
+        with self._store.transaction() as loaded:
+            cp = loaded.checkpoint
+            if errors:
+                if uid in cp.claims:
+                    cp.claims[uid].error = "; ".join(errors)
+                    self._store.save(cp)
+                log.error("teardown incomplete, retried with the next call: %s", "; ".join(errors))
+                raise PrepareError(
+                    f"{what}: undo incomplete, retried with the next call: {'; '.join(errors)}"
+                )
+            cp.claims.pop(uid, None)
+            self._store.save(cp)
+        self._on_step("checkpoint-removed")
 
-    def _drop_stale(self, cp: Checkpoint, log: logging.Logger | ContextLogger) -> None:
-        """After a reboot: remove files of pre-reboot claims; never signal old PIDs."""
-        if not cp.stale:
+    def _release_shared(self, key: str, releasing_uid: str | None, log: Any) -> None:
+        """Release ``key`` unless a claim other than ``releasing_uid`` still uses it."""
+        with self._store.transaction() as loaded:
+            cp = loaded.checkpoint
+            shared = cp.shared.get(key)
+            if shared is None or [u for u in cp.users_of(key) if u != releasing_uid]:
+                return
+            if shared.state != RELEASING:
+                shared.state = RELEASING
+                self._store.save(cp)
+        strategy = self._strategy(shared.strategy)
+        if not isinstance(strategy, SharedResources):
+            raise PrepareError(f"strategy {shared.strategy} cannot release shared resources")
+        strategy.release(key, shared.record, _Steps(self, ""))
+        self._on_step(f"shared-released:{key}")
+        with self._store.transaction() as loaded:
+            loaded.checkpoint.shared.pop(key, None)
+            self._store.save(loaded.checkpoint)
+        log.info("released shared resource %s", key)
+
+    def _forget(self, uid: str) -> None:
+        cdi.remove_spec(self._cdi_dir, self.kind, uid)
+        for strategy in self._strategies:
+            strategy.forget(uid)
+
+    def _handle_reboot(self, loaded: Loaded) -> None:
+        """State of a previous boot was discarded: remove its files (never signal a PID)."""
+        if not loaded.rebooted:
             return
-        for uid in sorted(cp.stale):
-            if _UID.match(uid):
-                cdi.remove_spec(self._cdi_dir, self.kind, uid)
-                for daemon_id in self._mps.ids_for_claim(uid):
-                    self._mps.stop(daemon_id)
-        log.warning("node rebooted; dropped %d claims prepared before", len(cp.stale))
-        cp.stale.clear()
-        self._store.save(cp)
+        vendor, cls = self.kind.split("/", 1)
+        if self._cdi_dir.is_dir():
+            for spec in self._cdi_dir.glob(f"{vendor}-{cls}_*"):
+                spec.unlink(missing_ok=True)
+        for strategy in self._strategies:
+            strategy.after_reboot()
+        self._store.save(loaded.checkpoint)
+        loaded.rebooted = False
 
+    # -- helpers ------------------------------------------------------------------------
 
-def _check_uid(uid: str) -> None:
-    """Claim UIDs become file and directory names: allow only what Kubernetes issues."""
-    if not _UID.match(uid):
-        raise PrepareError(
-            f"claim UID {uid!r} is not a lower-case alphanumeric/dash name of at most 63 "
-            "characters",
-            permanent=True,
+    def _is_prepared(self, entry: ClaimEntry | None, records: list[Any], spec: Path) -> bool:
+        return (
+            entry is not None
+            and entry.state == PREPARED
+            and allocation_key(entry.devices) == allocation_key(records)
+            and spec.exists()
         )
+
+    def _strategy(self, name: str) -> SharingStrategy:
+        strategy = self._strategies.get(name)
+        if strategy is None:
+            raise PrepareError(f"the checkpoint names strategy {name!r}, which this plugin lacks")
+        return strategy
+
+    @contextmanager
+    def _hold(self, names: Any) -> Iterator[None]:
+        try:
+            with self._locks.hold(names, timeout_s=self._gpu_lock_timeout_s):
+                yield
+        except LockTimeout as exc:
+            raise PrepareError(
+                f"GPU {exc.name} is busy: {exc}; another claim's prepare or unprepare on it is "
+                "still running. The kubelet retries"
+            ) from exc
+
+    @contextmanager
+    def _errors(self, what: str) -> Iterator[None]:
+        """Our own errors as :class:`PrepareError` naming the claim; others pass through."""
+        try:
+            yield
+        except PrepareError:
+            raise
+        except DriverError as exc:
+            raise PrepareError(f"{what}: {exc}") from exc
+
+
+def _locks_of(entry: ClaimEntry | None) -> set[str]:
+    return {gpu_name_of(d.device) for d in entry.devices} if entry is not None else set()
+
+
+def _result(entry: ClaimEntry) -> list[PreparedDevice]:
+    return [
+        PreparedDevice(
+            request_names=(d.request,),
+            pool_name=d.pool,
+            device_name=d.device,
+            cdi_device_ids=d.cdi_device_ids,
+            share_id=d.share_id,
+        )
+        for d in entry.devices
+    ]
+
+
+def _describe(exc: BaseException) -> str:
+    """An error for the kubelet: ours as they are, others with their type."""
+    return str(exc) if isinstance(exc, DriverError) else f"{type(exc).__name__}: {exc}"

@@ -47,7 +47,7 @@ from dra_driver.plugin.health import HealthHub, add_health_services
 from dra_driver.plugin.kubeclient import KubeClient, KubeConfig, load_in_cluster, load_kubeconfig
 from dra_driver.plugin.metrics import NO_PUBLISH_METRICS, PluginMetrics
 from dra_driver.plugin.nodeservice import add_node_services
-from dra_driver.plugin.preparing import ClaimPreparer
+from dra_driver.plugin.preparing import ClaimService
 from dra_driver.plugin.publishing import PublishStatus, SlicePublisher
 from dra_driver.plugin.registration import (
     RegistrationServicer,
@@ -167,7 +167,7 @@ class KubeletPlugin:
         self._registration = RegistrationState()
         self._client: KubeClient | None = None
         self._server: Any = None
-        self._preparer: ClaimPreparer | None = None
+        self._service: ClaimService | None = None
         self._publisher: SlicePublisher | None = None
         self._cleaner: StaleClaimCleaner | None = None
         self._hub: HealthHub | None = None
@@ -201,8 +201,9 @@ class KubeletPlugin:
             if remove_stale_socket(path):
                 self._log.info("removed stale socket %s", path)
 
-        self._preparer = ClaimPreparer(
+        self._service = ClaimService(
             driver_name=s.driver_name,
+            pool_name=s.node_name,
             backend=self._backend,
             get_claim=client.get_resource_claim,
             lock_file=FileLock(self.paths.lock) if s.rolling_update_uid else None,
@@ -215,7 +216,7 @@ class KubeletPlugin:
         server = grpc.server(
             ThreadPoolExecutor(max_workers=s.grpc_workers, thread_name_prefix="grpc")
         )
-        add_node_services(server, self._preparer)
+        add_node_services(server, self._service)
         if s.serve_health:
             add_health_services(server, self._hub)
         pluginregistration_pb2_grpc.add_RegistrationServicer_to_server(
@@ -265,7 +266,7 @@ class KubeletPlugin:
         self._cleaner = StaleClaimCleaner(
             backend=self._backend,
             get_claim=client.get_resource_claim,
-            preparer=self._preparer,
+            service=self._service,
             interval_s=s.cleanup_interval_s,
             logger=self._log,
         )
@@ -291,8 +292,8 @@ class KubeletPlugin:
             self._publisher.stop()
             if uninstall:
                 self._publisher.delete_all()
-        if self._preparer is not None:
-            self._preparer.close()
+        if self._service is not None:
+            self._service.close()
         if self._client is not None:
             self._client.close()
         self._log.info("stopped DRA plugin %s (uninstall=%s)", self.settings.driver_name, uninstall)

@@ -1,9 +1,10 @@
 """The narrow interface between the kubelet-plugin layer and a device driver.
 
-The plugin layer owns sockets, claim fetching, filtering, locking and slice
-publishing; a backend owns hardware. Backends report a per-claim failure by
-raising :class:`PrepareError`; the plugin layer turns it into that claim's
-``error`` field and never fails the whole gRPC call.
+The plugin layer owns sockets, claim fetching and validation, per-claim
+ordering and slice publishing; a backend owns hardware and its own locking.
+Backends report a per-claim failure by raising :class:`PrepareError` (or any
+other :class:`~dra_driver.errors.DriverError`); the plugin layer turns it into
+that claim's ``error`` field and never fails the whole gRPC call.
 """
 
 from __future__ import annotations
@@ -12,11 +13,12 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Literal, Protocol, runtime_checkable
 
+from dra_driver.errors import DriverError
 from dra_driver.plugin.claims import Claim, ClaimRef
 from dra_driver.plugin.resources import Pool
 
 
-class PrepareError(Exception):
+class PrepareError(DriverError):
     """A claim cannot be prepared or unprepared; the message goes to the kubelet."""
 
     def __init__(self, message: str, *, permanent: bool = False) -> None:
@@ -30,6 +32,7 @@ class PreparedDevice:
     """One device of a prepared claim, as the kubelet needs it."""
 
     request_names: tuple[str, ...]
+    """As allocated (``req`` or ``req/sub``); the plugin layer sends base names."""
     pool_name: str
     device_name: str
     cdi_device_ids: tuple[str, ...]
@@ -40,7 +43,10 @@ class DeviceBackend(Protocol):
     """What a driver implements. Calls for one claim never overlap."""
 
     def prepare(self, claim: Claim) -> list[PreparedDevice]:
-        """Make the claim's devices usable; idempotent, returns the same result when repeated."""
+        """Make the claim's devices usable; idempotent, returns the same result when repeated.
+
+        ``claim`` is validated: its reference by Kubernetes' name rules, every device
+        allocated by this driver from this node's pool."""
         ...
 
     def unprepare(self, claim: ClaimRef) -> None:
@@ -85,8 +91,11 @@ class HealthReporter(Protocol):
 class ParallelClaims(Protocol):
     """Optional backend ability: ``prepare``/``unprepare`` of *different* claims may overlap.
 
-    Without it the plugin layer runs one backend call at a time. The same claim
-    is never handled twice at once either way.
+    A backend that declares it serialises what must be serialised itself, across
+    processes too (a second plugin instance during a rolling update). Without it the
+    plugin layer runs one backend call at a time, and in rolling-update mode holds
+    a file lock shared with the other instance. The same claim is never handled
+    twice at once by one process either way.
     """
 
     supports_parallel_claims: bool

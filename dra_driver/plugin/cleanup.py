@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 from dra_driver.logs import claim_logger
 from dra_driver.plugin.backend import DeviceBackend
-from dra_driver.plugin.preparing import ClaimGetter, ClaimPreparer
+from dra_driver.plugin.preparing import ClaimGetter, ClaimService
 
 
 class StaleClaimCleaner:
@@ -24,13 +24,13 @@ class StaleClaimCleaner:
         *,
         backend: DeviceBackend,
         get_claim: ClaimGetter,
-        preparer: ClaimPreparer,
+        service: ClaimService,
         interval_s: float,
         logger: logging.Logger,
     ) -> None:
         self._backend = backend
         self._get_claim = get_claim
-        self._preparer = preparer
+        self._service = service
         self._interval_s = interval_s
         self._log = logger
         self._stop = threading.Event()
@@ -49,7 +49,7 @@ class StaleClaimCleaner:
             if obj is not None and (obj.get("metadata") or {}).get("uid") == ref.uid:
                 continue
             log.info("claim is gone or was re-created; unpreparing stale claim")
-            error = self._preparer.unprepare([ref]).get(ref.uid, "")
+            error = self._service.unprepare([ref])[ref.uid].error
             if error:
                 log.warning("stale claim unprepare failed: %s", error)
             else:

@@ -32,6 +32,8 @@ from urllib.parse import quote, urlencode
 import urllib3
 import yaml
 
+from dra_driver.errors import DriverError
+
 RESOURCE_API = "/apis/resource.k8s.io/v1"
 IN_CLUSTER_SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 TOKEN_REREAD_S = 60.0
@@ -40,7 +42,7 @@ TOKEN_REREAD_S = 60.0
 Obj = dict[str, Any]
 
 
-class KubeError(Exception):
+class KubeError(DriverError):
     """Any failure talking to the API server."""
 
 
@@ -250,14 +252,14 @@ class KubeClient:
 
     def get_resource_claim(self, namespace: str, name: str) -> Obj | None:
         """The claim, or None when it does not exist."""
-        path = f"{RESOURCE_API}/namespaces/{quote(namespace)}/resourceclaims/{quote(name)}"
+        path = f"{RESOURCE_API}/namespaces/{_segment(namespace)}/resourceclaims/{_segment(name)}"
         try:
             return self.request("GET", path)
         except NotFoundError:
             return None
 
     def get_node(self, name: str) -> Obj:
-        return self.request("GET", f"/api/v1/nodes/{quote(name)}")
+        return self.request("GET", f"/api/v1/nodes/{_segment(name)}")
 
     def list_resource_slices(self, field_selector: str) -> Obj:
         return self.request(
@@ -268,7 +270,7 @@ class KubeClient:
         return self.request("POST", f"{RESOURCE_API}/resourceslices", body=obj)
 
     def update_resource_slice(self, obj: Obj) -> Obj:
-        name = quote(obj["metadata"]["name"])
+        name = _segment(obj["metadata"]["name"])
         return self.request("PUT", f"{RESOURCE_API}/resourceslices/{name}", body=obj)
 
     def delete_resource_slice(
@@ -284,7 +286,7 @@ class KubeClient:
         if pre:
             body["preconditions"] = pre
         try:
-            self.request("DELETE", f"{RESOURCE_API}/resourceslices/{quote(name)}", body=body)
+            self.request("DELETE", f"{RESOURCE_API}/resourceslices/{_segment(name)}", body=body)
         except NotFoundError:
             pass
 
@@ -341,6 +343,14 @@ class Watch:
     def close(self) -> None:
         self._resp.shutdown()
         self._resp.close()
+
+
+def _segment(value: str) -> str:
+    """One URL path segment: every reserved character escaped (``/`` included), and
+    the dot segments that an HTTP stack would resolve refused."""
+    if value in ("", ".", ".."):
+        raise KubeError(f"{value!r} cannot be an object name in an API path")
+    return quote(value, safe="")
 
 
 def _decode(method: str, path: str, status: int, data: bytes) -> Obj:

@@ -1,6 +1,6 @@
 """The DRA node service (``DRAPlugin``) for both v1 and v1beta1.
 
-One implementation, :class:`~dra_driver.plugin.preparing.ClaimPreparer`, sits
+One implementation, :class:`~dra_driver.plugin.preparing.ClaimService`, sits
 behind both versions; this module only converts messages. The two versions
 differ only in v1's optional ``Device.share_id``.
 """
@@ -17,14 +17,14 @@ from dra_driver.plugin._proto import (
     dra_v1beta1_pb2_grpc,
 )
 from dra_driver.plugin.claims import ClaimRef
-from dra_driver.plugin.preparing import ClaimPreparer, PrepareOutcome
+from dra_driver.plugin.preparing import ClaimOutcome, ClaimService
 
 
 def _refs(request: Any) -> list[ClaimRef]:
     return [ClaimRef(namespace=c.namespace, name=c.name, uid=c.uid) for c in request.claims]
 
 
-def _prepare_response(pb: ModuleType, outcomes: dict[str, PrepareOutcome], share_ids: bool) -> Any:
+def _prepare_response(pb: ModuleType, outcomes: dict[str, ClaimOutcome], share_ids: bool) -> Any:
     response = pb.NodePrepareResourcesResponse()
     for uid, outcome in outcomes.items():
         entry = response.claims[uid]
@@ -43,35 +43,35 @@ def _prepare_response(pb: ModuleType, outcomes: dict[str, PrepareOutcome], share
     return response
 
 
-def _unprepare_response(pb: ModuleType, errors: dict[str, str]) -> Any:
+def _unprepare_response(pb: ModuleType, outcomes: dict[str, ClaimOutcome]) -> Any:
     response = pb.NodeUnprepareResourcesResponse()
-    for uid, error in errors.items():
-        response.claims[uid].error = error
+    for uid, outcome in outcomes.items():
+        response.claims[uid].error = outcome.error
     return response
 
 
 class DRAPluginV1(dra_v1_pb2_grpc.DRAPluginServicer):  # type: ignore[misc]
-    def __init__(self, preparer: ClaimPreparer) -> None:
-        self._preparer = preparer
+    def __init__(self, service: ClaimService) -> None:
+        self._service = service
 
     def NodePrepareResources(self, request: Any, context: Any) -> Any:
-        return _prepare_response(dra_v1_pb2, self._preparer.prepare(_refs(request)), True)
+        return _prepare_response(dra_v1_pb2, self._service.prepare(_refs(request)), True)
 
     def NodeUnprepareResources(self, request: Any, context: Any) -> Any:
-        return _unprepare_response(dra_v1_pb2, self._preparer.unprepare(_refs(request)))
+        return _unprepare_response(dra_v1_pb2, self._service.unprepare(_refs(request)))
 
 
 class DRAPluginV1beta1(dra_v1beta1_pb2_grpc.DRAPluginServicer):  # type: ignore[misc]
-    def __init__(self, preparer: ClaimPreparer) -> None:
-        self._preparer = preparer
+    def __init__(self, service: ClaimService) -> None:
+        self._service = service
 
     def NodePrepareResources(self, request: Any, context: Any) -> Any:
-        return _prepare_response(dra_v1beta1_pb2, self._preparer.prepare(_refs(request)), False)
+        return _prepare_response(dra_v1beta1_pb2, self._service.prepare(_refs(request)), False)
 
     def NodeUnprepareResources(self, request: Any, context: Any) -> Any:
-        return _unprepare_response(dra_v1beta1_pb2, self._preparer.unprepare(_refs(request)))
+        return _unprepare_response(dra_v1beta1_pb2, self._service.unprepare(_refs(request)))
 
 
-def add_node_services(server: Any, preparer: ClaimPreparer) -> None:
-    dra_v1_pb2_grpc.add_DRAPluginServicer_to_server(DRAPluginV1(preparer), server)
-    dra_v1beta1_pb2_grpc.add_DRAPluginServicer_to_server(DRAPluginV1beta1(preparer), server)
+def add_node_services(server: Any, service: ClaimService) -> None:
+    dra_v1_pb2_grpc.add_DRAPluginServicer_to_server(DRAPluginV1(service), server)
+    dra_v1beta1_pb2_grpc.add_DRAPluginServicer_to_server(DRAPluginV1beta1(service), server)

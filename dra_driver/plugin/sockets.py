@@ -8,7 +8,9 @@ root dir can move:
 - DRA service: ``<plugins_dir>/<driver>/dra.sock`` (rolling update:
   ``dra-<uid>.sock``);
 - ``<plugins_dir>/<driver>/serialize.lock`` serialises prepare/unprepare
-  across two overlapping plugin instances during a rolling update.
+  across two overlapping plugin instances during a rolling update, for
+  backends that run one claim at a time (a ``ParallelClaims`` backend orders
+  claims itself).
 
 Sockets are bound inside a private ``0700`` directory, get their final mode
 there, and are then renamed into place, so no other user ever sees a socket
@@ -27,11 +29,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from dra_driver.errors import DriverError
+
 MAX_SOCKET_PATH = 107
 """sun_path holds 108 bytes including the terminating NUL."""
 
 
-class SocketError(Exception):
+class SocketError(DriverError):
     """A socket path is unusable (too long, or a foreign non-socket file in the way)."""
 
 

@@ -7,7 +7,7 @@ import logging
 from dra_driver.plugin.claims import ClaimRef
 from dra_driver.plugin.cleanup import StaleClaimCleaner
 from dra_driver.plugin.kubeclient import KubeClient
-from dra_driver.plugin.preparing import ClaimPreparer
+from dra_driver.plugin.preparing import ClaimService
 from tests.plugin.fakes import DRIVER, FakeApiServer, FakeBackend, claim_object
 
 LIVE = ClaimRef("default", "live", "66666666-0000-4000-8000-000000000001")
@@ -22,8 +22,9 @@ def test_unprepares_claims_that_are_gone_or_recreated(api: FakeApiServer) -> Non
     backend.prepared = {r.uid: r for r in (LIVE, GONE, RECREATED)}
     client = KubeClient(api.config)
     log = logging.getLogger("test")
-    preparer = ClaimPreparer(
+    service = ClaimService(
         driver_name=DRIVER,
+        pool_name="node-a",
         backend=backend,
         get_claim=client.get_resource_claim,
         lock_file=None,
@@ -32,14 +33,14 @@ def test_unprepares_claims_that_are_gone_or_recreated(api: FakeApiServer) -> Non
     cleaner = StaleClaimCleaner(
         backend=backend,
         get_claim=client.get_resource_claim,
-        preparer=preparer,
+        service=service,
         interval_s=600,
         logger=log,
     )
     assert sorted(cleaner.run_once()) == sorted([GONE.uid, RECREATED.uid])
     assert sorted(r.uid for r in backend.unprepared) == sorted([GONE.uid, RECREATED.uid])
     assert list(backend.prepared) == [LIVE.uid]
-    preparer.close()
+    service.close()
     client.close()
 
 

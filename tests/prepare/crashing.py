@@ -1,7 +1,9 @@
-"""Run one prepare in a child process and SIGKILL it after step N (``DRA_TEST_KILL_AT``).
+"""Run one prepare or unprepare in a child process and SIGKILL it after step N.
 
-Usage: ``python -m tests.prepare.crashing <node root>``. With ``DRA_TEST_KILL_AT``
-unset the prepare completes and the step names are printed, one per line.
+Usage: ``python -m tests.prepare.crashing <node root> prepare|unprepare`` with
+``DRA_TEST_KILL_AT=N`` (counted from the first step of that call; 0 or unset:
+no kill). ``unprepare`` prepares the claim first (not counted), then unprepares
+it. Without a kill the step names of the call are printed, one per line.
 """
 
 from __future__ import annotations
@@ -11,9 +13,11 @@ import signal
 import sys
 from pathlib import Path
 
+from dra_driver.plugin.claims import ClaimRef
 from tests.prepare.hosttree import claim, gpu_config, open_node
 
 CRASH_UID = "0a1b2c3d-0000-4000-8000-00000000dead"
+CRASH_REF = ClaimRef("ns", "c1", CRASH_UID)
 
 
 def crash_claim():  # type: ignore[no-untyped-def]
@@ -33,15 +37,26 @@ def crash_claim():  # type: ignore[no-untyped-def]
 
 def main() -> None:
     node = open_node(Path(sys.argv[1]))
+    call = sys.argv[2]
     kill_at = int(os.environ.get("DRA_TEST_KILL_AT", "0"))
     steps: list[str] = []
+    counting = False
 
     def on_step(name: str) -> None:
+        if not counting:
+            return
         steps.append(name)
         if len(steps) == kill_at:
             os.kill(os.getpid(), signal.SIGKILL)
 
-    node.preparer(on_step=on_step).prepare(crash_claim())
+    preparer = node.preparer(on_step=on_step)
+    if call == "unprepare":
+        preparer.prepare(crash_claim())
+        counting = True
+        preparer.unprepare(CRASH_REF)
+    else:
+        counting = True
+        preparer.prepare(crash_claim())
     print("\n".join(steps))
 
 

@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import json
+import logging
+import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
-from dra_driver.gpu.checkpoint import CheckpointError, CheckpointStore
+from dra_driver.gpu.checkpoint import CheckpointError
+from dra_driver.gpu.mpsdaemons import MpsDaemons
+from dra_driver.gpu.sharing import GpuCommands
+from dra_driver.gpu.statefile import CheckpointStore
 from dra_driver.plugin.backend import PrepareError
 from dra_driver.plugin.claims import ClaimRef
 from tests.prepare.hosttree import Node, claim
@@ -41,6 +47,7 @@ def test_unknown_fields_from_a_newer_plugin_survive_a_rewrite(node: Node) -> Non
     assert after["futureTopLevel"] == {"x": 1}
     assert after["claims"][UID]["futureClaimField"] == [1, 2]
     assert after["claims"][UID]["devices"][0]["futureDeviceField"] is True
+    assert after["version"] == 2
     assert "checksum" not in after
 
 
@@ -51,7 +58,9 @@ def test_file_is_private_and_written_atomically(node: Node) -> None:
     assert sorted(p.name for p in node.state_dir.iterdir()) == [
         "checkpoint.json",
         "checkpoint.lock",
+        "locks",  # one lock file per GPU
     ]
+    assert [p.name for p in (node.state_dir / "locks").iterdir()] == ["gpu-0.lock"]
 
 
 @pytest.mark.parametrize(
@@ -83,8 +92,8 @@ def test_recovery_after_moving_a_corrupt_file_aside_cleans_leftovers(node: Node)
 
 def test_newer_incompatible_version_is_refused(node: Node) -> None:
     node.state_dir.mkdir(parents=True)
-    write(node, {"version": 2, "claims": {}})
-    with pytest.raises(PrepareError, match="version 2, written by a newer incompatible plugin"):
+    write(node, {"version": 3, "claims": {}})
+    with pytest.raises(PrepareError, match="version 3, written by a newer incompatible plugin"):
         node.preparer().prepare(claim())
 
 
@@ -119,11 +128,12 @@ def test_lock_excludes_another_process(node: Node) -> None:
         assert holder.stdout is not None and holder.stdout.readline() == "locked\n"
         store = CheckpointStore(
             state_dir=node.state_dir,
-            boot_id_path=node.host.proc("sys", "kernel", "random", "boot_id"),
-            lock_timeout=0.3,
+            proc_dir=node.host.proc(),
+            logger=logging.getLogger("test"),
+            lock_timeout_s=0.3,
         )
         start = time.monotonic()
-        with pytest.raises(CheckpointError, match="held by another process"), store.locked():
+        with pytest.raises(CheckpointError, match="held by another process"), store.transaction():
             pass
         assert time.monotonic() - start >= 0.3
     finally:
@@ -131,5 +141,92 @@ def test_lock_excludes_another_process(node: Node) -> None:
         holder.wait()
         if holder.stdout is not None:
             holder.stdout.close()
-    with store.locked() as cp:  # released when the holder died
-        assert cp.claims == {}
+    with store.transaction() as loaded:  # released when the holder died
+        assert loaded.checkpoint.claims == {}
+
+
+V1_FILE = Path(__file__).parent / "data" / "checkpoint-v1.json"
+"""Written by plugin 0.1 (checkpoint version 1) for two claims: a1 with time-slicing on
+gpu-0 and one MPS daemon over gpu-1 and gpu-2, a2 with gpu-3 and a MIG device."""
+V1_A1 = "0a1b2c3d-0000-4000-8000-0000000000a1"
+V1_A2 = "0a1b2c3d-0000-4000-8000-0000000000a2"
+
+
+def v1_node(node: Node, state: str = "PrepareCompleted") -> str:
+    """The node as plugin 0.1 left it: its checkpoint, CDI specs and the running daemon."""
+    data = json.loads(V1_FILE.read_text())
+    data["claims"][V1_A1]["state"] = state
+    node.state_dir.mkdir(parents=True)
+    write(node, data)
+    node.cdi_dir.mkdir(parents=True)
+    for uid in (V1_A1, V1_A2):
+        (node.cdi_dir / f"k8s.gpu.nvidia.com-claim_{uid}.json").write_text("{}\n")
+    [group] = data["claims"][V1_A1]["applied"]["mps"]
+    tools = node.tools
+    daemons = MpsDaemons(
+        root=node.state_dir / "mps",
+        commands=GpuCommands(tools=tools, logger=logging.getLogger("t")),
+        tools=tools,
+    )
+    daemons.make_dirs(group["id"])
+    daemons.mount_shm(group["id"])
+    daemons.start(group["id"], group["uuids"])
+    assert len(node.live_daemons()) == 1
+    return str(group["id"])
+
+
+def test_a_real_v1_checkpoint_is_migrated_and_its_claims_undone_exactly(node: Node) -> None:
+    daemon_id = v1_node(node)
+    p = node.preparer()
+    gpus = node.inventory.gpus
+    # The kubelet re-sends prepare after the upgrade: same CDI IDs, no tool run.
+    again = p.prepare(
+        claim(uid=V1_A2, name="c2", devices=[("gpu", "gpu-3"), ("mig", "gpu-7-mig-1g10gb-19-6")])
+    )
+    assert [d.cdi_device_ids for d in again] == [
+        (f"k8s.gpu.nvidia.com/claim={V1_A2}-gpu-3",),
+        (f"k8s.gpu.nvidia.com/claim={V1_A2}-gpu-7-mig-1g10gb-19-6",),
+    ]
+    assert node.calls("nvidia-smi") == []
+    p.unprepare(ClaimRef("ns", "c1", V1_A1))
+    assert node.live_daemons() == []
+    assert not (node.state_dir / "mps" / daemon_id).exists()
+    assert node.mounts() == []
+    smi = [c["argv"] for c in node.calls("nvidia-smi")]
+    assert ["compute-policy", "-i", gpus[0].uuid, "--set-timeslice", "0"] in smi
+    assert ["-i", gpus[1].uuid, "-c", "DEFAULT"] in smi
+    assert ["-i", gpus[2].uuid, "-c", "DEFAULT"] in smi
+    assert not (node.cdi_dir / f"k8s.gpu.nvidia.com-claim_{V1_A1}.json").exists()
+    after = read(node)
+    assert after["version"] == 2
+    assert list(after["claims"]) == [V1_A2]
+    assert after["claims"][V1_A2]["state"] == "Prepared"
+    assert after["claims"][V1_A2]["devices"][0]["request"] == "gpu"
+    p.unprepare(ClaimRef("ns", "c2", V1_A2))
+    assert read(node)["claims"] == {} and list(node.cdi_dir.iterdir()) == []
+
+
+def test_an_interrupted_v1_prepare_is_rolled_back_at_start(node: Node) -> None:
+    v1_node(node, state="PrepareStarted")
+    node.preparer().recover()
+    assert node.live_daemons() == []
+    assert list(read(node)["claims"]) == [V1_A2]
+    assert not (node.cdi_dir / f"k8s.gpu.nvidia.com-claim_{V1_A1}.json").exists()
+
+
+def test_a_torn_file_from_before_this_boot_is_discarded_not_reported_corrupt(
+    node: Node,
+) -> None:
+    p = node.preparer()
+    p.prepare(claim())
+    path = node.state_dir / "checkpoint.json"
+    path.write_text('{"version": 2, "nodeBoo')  # what a power loss can leave without fsync
+    node.host.proc("uptime").write_text("5.00 1.00\n")  # booted 5 s ago
+    old = time.time() - 60
+    os.utime(path, (old, old))
+    assert p.prepared_claims() == []  # discarded as state of the previous boot
+    assert not (node.cdi_dir / f"k8s.gpu.nvidia.com-claim_{UID}.json").exists()
+    assert read(node)["claims"] == {}
+    path.write_text("{not json")  # torn in this boot: that is corruption
+    with pytest.raises(PrepareError, match="is corrupt"):
+        p.prepare(claim())

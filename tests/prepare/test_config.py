@@ -4,10 +4,22 @@ from __future__ import annotations
 
 import pytest
 
-from dra_driver.gpu.config import ConfigError, Mps, TimeSlicing, decode, parse_quantity, resolve
+from dra_driver.gpu import config
+from dra_driver.gpu.config import ConfigError, Sharing, parse_quantity
+from dra_driver.gpu.strategies import DECODERS
+from dra_driver.gpu.strategies.mps import Mps
+from dra_driver.gpu.strategies.timeslicing import TimeSlicing
 from tests.prepare.hosttree import claim, gpu_config
 
 API = "resource.nvidia.com/v1beta1"
+
+
+def decode(raw: object, origin: str) -> config.DeviceConfig:
+    return config.decode(raw, origin, DECODERS)
+
+
+def resolve(claim: object, types: dict) -> dict:
+    return config.resolve(claim, types, DECODERS)  # type: ignore[arg-type]
 
 
 def params(kind: str = "GpuConfig", **fields: object) -> dict[str, object]:
@@ -18,10 +30,9 @@ def test_time_slicing_and_mps_decode() -> None:
     ts = decode(
         params(sharing={"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Short"}}), "c"
     )
-    assert ts.sharing == TimeSlicing("Short")
-    assert decode(params(sharing={"strategy": "TimeSlicing"}), "c").sharing == TimeSlicing(
-        "Default"
-    )
+    assert ts.sharing == Sharing("TimeSlicing", TimeSlicing("Short"))
+    default = decode(params(sharing={"strategy": "TimeSlicing"}), "c").sharing
+    assert default == Sharing("TimeSlicing", TimeSlicing("Default"))
     mps = decode(
         params(
             sharing={
@@ -35,9 +46,9 @@ def test_time_slicing_and_mps_decode() -> None:
         ),
         "c",
     )
-    assert mps.sharing == Mps(25, 1536 << 20, {"GPU-x": 512 << 20, "0": 2 << 30})
+    assert mps.sharing == Sharing("MPS", Mps(25, 1536 << 20, {"GPU-x": 512 << 20, "0": 2 << 30}))
     mig = decode(params("MigDeviceConfig", sharing={"strategy": "MPS"}), "c")
-    assert (mig.kind, mig.sharing) == ("MigDeviceConfig", Mps())
+    assert (mig.kind, mig.sharing) == ("MigDeviceConfig", Sharing("MPS", Mps()))
     assert decode(params(), "c").sharing is None
 
 
@@ -118,7 +129,17 @@ def test_strict_decoding_names_field_and_allowed_values(raw: object, expected: s
 
 @pytest.mark.parametrize(
     ("text", "value"),
-    [("1Gi", 1 << 30), ("1G", 10**9), ("1.5Mi", 1572864), ("1e3", 1000), (4096, 4096), ("100m", 1)],
+    [
+        ("1Gi", 1 << 30),
+        ("1G", 10**9),
+        ("1.5Mi", 1572864),
+        ("1e3", 1000),
+        (4096, 4096),
+        ("100m", 1),
+        ("1Ei", 1 << 60),  # was "not a quantity": E was taken for an exponent
+        ("2E", 2 * 10**18),
+        ("8Ei", 8 << 60),
+    ],
 )
 def test_quantities(text: object, value: int) -> None:
     assert parse_quantity(text, "x") == value
@@ -137,9 +158,9 @@ def test_precedence_claim_over_class_and_type_matching() -> None:
         configs=[cls, own, mig],
     )
     out = resolve(c, {"gpu-0": "gpu", "gpu-1": "gpu", "gpu-7-mig-1g10gb-19-2": "mig"})
-    assert out[("a", "gpu-0")].sharing == TimeSlicing("Long")
-    assert out[("b", "gpu-1")].sharing == TimeSlicing("Short")
-    assert out[("m", "gpu-7-mig-1g10gb-19-2")].sharing == Mps()
+    assert out[("a", "gpu-0")].sharing == Sharing("TimeSlicing", TimeSlicing("Long"))
+    assert out[("b", "gpu-1")].sharing == Sharing("TimeSlicing", TimeSlicing("Short"))
+    assert out[("m", "gpu-7-mig-1g10gb-19-2")].sharing == Sharing("MPS", Mps())
 
 
 def test_config_naming_a_request_of_the_other_type_is_an_error() -> None:

@@ -1,5 +1,6 @@
-"""SIGKILL at every step of prepare; the restarted plugin must prepare and unprepare cleanly
-and leave no file, directory or MPS daemon behind."""
+"""SIGKILL at every step of prepare and of unprepare; the restarted plugin must finish or
+roll back, never report a half-torn claim as prepared, and leave no file, directory,
+mount, MPS daemon or GPU setting behind."""
 
 from __future__ import annotations
 
@@ -12,17 +13,41 @@ from pathlib import Path
 
 import pytest
 
-from dra_driver.plugin.claims import ClaimRef
-from tests.prepare.crashing import CRASH_UID, crash_claim
+from dra_driver.gpu.emulation import gputools
+from tests.prepare.crashing import CRASH_REF, CRASH_UID, crash_claim
 from tests.prepare.hosttree import Node
 
 REPO = Path(__file__).parents[2]
+PREPARE_STEPS = [
+    "checkpoint-preparing",
+    "compute-mode",  # time-slicing: gpu-0 to DEFAULT
+    "timeslice",
+    "compute-mode",  # MPS: gpu-1 and gpu-2 to EXCLUSIVE_PROCESS
+    "compute-mode",
+    "mps-dirs",
+    "mps-shm",
+    "mps-daemon",
+    "mps-limits",
+    "cdi-spec",
+    "checkpoint-prepared",
+]
+UNPREPARE_STEPS = [
+    "checkpoint-unpreparing",
+    "mps-quit",
+    "mps-unmount",
+    "mps-remove",
+    "compute-mode-reset",
+    "compute-mode-reset",
+    "timeslice-reset",
+    "cdi-spec-removed",
+    "checkpoint-removed",
+]
 
 
-def run_child(node: Node, kill_at: int) -> subprocess.CompletedProcess[str]:
+def run_child(node: Node, call: str, kill_at: int) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "DRA_TEST_KILL_AT": str(kill_at), "PYTHONPATH": str(REPO)}
     return subprocess.run(
-        [sys.executable, "-m", "tests.prepare.crashing", str(node.root)],
+        [sys.executable, "-m", "tests.prepare.crashing", str(node.root), call],
         env=env,
         capture_output=True,
         text=True,
@@ -30,6 +55,22 @@ def run_child(node: Node, kill_at: int) -> subprocess.CompletedProcess[str]:
         cwd=REPO,
         check=False,
     )
+
+
+def gpu_settings(node: Node) -> dict[str, tuple[str, str]]:
+    """Each GPU's compute mode and time-slice as the emulated nvidia-smi was last told."""
+    state: dict[str, tuple[str, str]] = {}
+    for call in gputools.read_record(node.record):
+        argv = call.get("argv", [])
+        if call["tool"] != "nvidia-smi":
+            continue
+        if argv[:1] == ["-i"]:
+            mode, ts = state.get(argv[1], ("DEFAULT", "0"))
+            state[argv[1]] = (argv[3], ts)
+        else:
+            mode, ts = state.get(argv[2], ("DEFAULT", "0"))
+            state[argv[2]] = (mode, argv[4])
+    return state
 
 
 def assert_clean(node: Node) -> None:
@@ -41,50 +82,63 @@ def assert_clean(node: Node) -> None:
     leftovers = [p.name for p in node.state_dir.iterdir() if p.name.endswith(".tmp")]
     assert leftovers == []
     assert node.mounts() == []
+    assert all(v == ("DEFAULT", "0") for v in gpu_settings(node).values()), gpu_settings(node)
 
 
-def all_steps(node: Node) -> list[str]:
-    done = run_child(node, 0)
+def steps_of(node: Node, call: str) -> list[str]:
+    done = run_child(node, call, 0)
     assert done.returncode == 0, done.stderr
-    node.preparer().unprepare(ClaimRef("ns", "c1", CRASH_UID))
+    node.preparer().unprepare(CRASH_REF)
     assert_clean(node)
     return done.stdout.split()
 
 
 def test_steps_cover_every_side_effect(node: Node) -> None:
-    steps = all_steps(node)
-    kinds = [s.split(":")[0] for s in steps]
-    assert kinds == [
-        "checkpoint-started",
-        "compute-mode",
-        "timeslice",
-        "compute-mode",
-        "compute-mode",
-        "mps-dirs",
-        "mps-shm",
-        "mps-daemon",
-        "mps-limits",
-        "cdi-spec",
-        "checkpoint-completed",
-    ]
+    assert [s.split(":")[0] for s in steps_of(node, "prepare")] == PREPARE_STEPS
+    assert [s.split(":")[0] for s in steps_of(node, "unprepare")] == UNPREPARE_STEPS
 
 
+def assert_prepared_and_working(node: Node, step: str) -> None:
+    """The state a second pod sharing the claim needs: daemon, tmpfs, exclusive GPUs, spec."""
+    assert len(node.live_daemons()) == 1, step  # exactly one daemon, the new one
+    assert [p.name for p in node.cdi_dir.iterdir()] == [
+        f"k8s.gpu.nvidia.com-claim_{CRASH_UID}.json"
+    ], step
+    spec = json.loads(next(node.cdi_dir.iterdir()).read_text())
+    mounts = {
+        m["containerPath"]: m["hostPath"] for m in spec["devices"][1]["containerEdits"]["mounts"]
+    }
+    assert Path(mounts["/tmp/nvidia-mps"]).is_dir(), step
+    assert mounts["/dev/shm"] in node.mounts(), step
+    gpus = node.inventory.gpus
+    settings = gpu_settings(node)
+    assert settings[gpus[0].uuid] == ("DEFAULT", "2"), step
+    assert settings[gpus[1].uuid][0] == settings[gpus[2].uuid][0] == "EXCLUSIVE_PROCESS", step
+
+
+@pytest.mark.parametrize("call", ["prepare", "unprepare"])
 @pytest.mark.parametrize(
-    "then_prepare", [True, False], ids=["restart-prepare", "restart-unprepare"]
+    "then",
+    ["prepare", "unprepare", "restart"],
+    ids=["then-prepare", "then-unprepare", "then-restart"],
 )
-def test_sigkill_at_every_step_then_restart(node: Node, then_prepare: bool) -> None:
-    steps = all_steps(node)
+def test_sigkill_at_every_step(node: Node, call: str, then: str) -> None:
+    """D1: a kill mid-unprepare (after MPS stopped, before the spec went) used to leave the
+    claim "prepared": the next prepare returned a spec whose MPS dirs were gone."""
+    steps = steps_of(node, call)
     for n, step in enumerate(steps, start=1):
-        done = run_child(node, n)
+        done = run_child(node, call, n)
         assert done.returncode == -signal.SIGKILL, (step, done.stderr)
         restarted = node.preparer()  # a new plugin process: nothing carried over in memory
-        ref = ClaimRef("ns", "c1", CRASH_UID)
-        if then_prepare:
+        if then == "restart":
+            restarted.recover()  # what the plugin does at start, before any call
+            state = json.loads((node.state_dir / "checkpoint.json").read_text())["claims"]
+            assert all(e["state"] == "Prepared" for e in state.values()), step
+            if not state:
+                assert_clean(node)
+        elif then == "prepare":
             result = restarted.prepare(crash_claim())
             assert [d.device_name for d in result] == ["gpu-0", "gpu-1", "gpu-2"], step
-            assert len(node.live_daemons()) == 1, step  # exactly one daemon, the new one
-            assert [p.name for p in node.cdi_dir.iterdir()] == [
-                f"k8s.gpu.nvidia.com-claim_{CRASH_UID}.json"
-            ], step
-        restarted.unprepare(ref)
+            assert_prepared_and_working(node, step)
+        restarted.unprepare(CRASH_REF)
         assert_clean(node)

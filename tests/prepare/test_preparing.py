@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from dra_driver.gpu.checkpoint import FILE_NAME
-from dra_driver.gpu.sharing import GpuCommands, GpuTools, MpsDaemons, mps_id
+from dra_driver.gpu.mpsdaemons import MpsDaemons, mps_id
+from dra_driver.gpu.sharing import GpuCommands, GpuTools
+from dra_driver.gpu.statefile import FILE_NAME
 from dra_driver.plugin.backend import PrepareError
 from dra_driver.plugin.claims import ClaimRef
 from tests.prepare.hosttree import MIG_CAPS, Node, claim, gpu_config, make_node
@@ -37,7 +38,7 @@ def test_one_gpu_result_spec_and_checkpoint(node: Node) -> None:
 
     assert len(result) == 1
     dev = result[0]
-    assert dev.request_names == ("gpu",)  # base request name, not the subrequest
+    assert dev.request_names == ("gpu/large",)  # as allocated; the plugin layer sends "gpu"
     assert (dev.pool_name, dev.device_name) == ("node-a", "gpu-3")
     assert dev.cdi_device_ids == (f"{KIND}={UID}-gpu-3",)
 
@@ -80,8 +81,9 @@ def test_one_gpu_result_spec_and_checkpoint(node: Node) -> None:
 
     cp = checkpoint(node)
     entry = cp["claims"][UID]
-    assert entry["state"] == "PrepareCompleted"
-    assert entry["devices"][0]["cdiDeviceIds"] == [f"{KIND}={UID}-gpu-3"]
+    assert entry["state"] == "Prepared"
+    assert entry["devices"][0]["cdiDeviceIDs"] == [f"{KIND}={UID}-gpu-3"]
+    assert entry["devices"][0]["request"] == "gpu/large"  # as allocated
     assert cp["nodeBootID"] == "boot-1"
     assert node.calls() == []  # no config: no GPU tool touched
     assert p.prepared_claims() == [ClaimRef("ns", "c1", UID)]
@@ -177,10 +179,7 @@ def test_time_slicing_runs_nvidia_smi_and_is_reset_on_unprepare(node: Node) -> N
     ]
     p.unprepare(ClaimRef("ns", "c1", UID))
     argv = [c["argv"] for c in node.calls("nvidia-smi")][2:]
-    assert argv == [
-        ["compute-policy", "-i", uuid, "--set-timeslice", "0"],
-        ["-i", uuid, "-c", "DEFAULT"],
-    ]
+    assert argv == [["compute-policy", "-i", uuid, "--set-timeslice", "0"]]  # mode stays DEFAULT
 
 
 def test_claim_config_overrides_class_config(node: Node) -> None:
@@ -266,15 +265,8 @@ def test_failing_tool_rolls_back_everything(node: Node) -> None:
         p.prepare(claim(configs=[cfg]))
     assert checkpoint_claims(node) == {}
     assert not spec_file(node).exists()
-    last = [c["argv"] for c in node.calls("nvidia-smi")][-2:]
-    assert last[-1][-1] == "DEFAULT"  # compute mode put back by the rollback
-
-
-def test_bad_claim_uid_is_refused_before_touching_paths(node: Node) -> None:
-    with pytest.raises(PrepareError, match="claim UID"):
-        node.preparer().prepare(claim(uid="../../etc"))
-    with pytest.raises(PrepareError, match="claim UID"):
-        node.preparer().unprepare(ClaimRef("ns", "x", "A/B"))
+    last = [c["argv"] for c in node.calls("nvidia-smi")][-1]
+    assert last[-2:] == ["--set-timeslice", "0"]  # time-slice put back by the rollback
 
 
 def test_concurrent_claims_in_threads_and_two_preparers(node: Node) -> None:
@@ -302,12 +294,12 @@ def test_devices_of_an_interrupted_prepare_stay_reserved(node: Node) -> None:
     p = node.preparer()
     p.prepare(claim(devices=[("gpu", "gpu-6")]))
     data = json.loads((node.state_dir / FILE_NAME).read_text())
-    data["claims"][UID]["state"] = "PrepareStarted"  # as if killed before completing
+    data["claims"][UID]["state"] = "Preparing"  # as if killed before completing
     (node.state_dir / FILE_NAME).write_text(json.dumps(data))
     with pytest.raises(PrepareError, match="'gpu-6' is already prepared"):
         p.prepare(claim(uid=UID2, name="c2", devices=[("gpu", "gpu-6")]))
     p.prepare(claim(devices=[("gpu", "gpu-6")]))  # its own retry rolls back and completes
-    assert checkpoint(node)["claims"][UID]["state"] == "PrepareCompleted"
+    assert checkpoint(node)["claims"][UID]["state"] == "Prepared"
 
 
 def test_runtime_host_paths_are_rewritten_for_the_container_runtime(node: Node) -> None:
@@ -405,5 +397,4 @@ def test_a_state_dir_too_deep_for_mps_sockets_fails_clearly_and_leaves_nothing(
     assert not any(node.cdi_dir.glob("*.json"))
     assert not any((node.state_dir / "mps").glob("*"))
     assert p.prepared_claims() == []
-    gpus = node.inventory.gpus
-    assert ["-i", gpus[0].uuid, "-c", "DEFAULT"] in [c["argv"] for c in node.calls("nvidia-smi")]
+    assert node.calls() == []  # refused while planning: no GPU was touched

@@ -18,6 +18,8 @@ from typing import Any
 
 import yaml
 
+from dra_driver.errors import DriverError
+
 BUILTIN_PROFILES: tuple[str, ...] = (
     "dgx-a100",
     "dgx-a100-mig",
@@ -58,7 +60,7 @@ _GI_PROFILES = (
 _UUID_NAMESPACE = uuidlib.UUID("5b0c6f3e-2a43-4c1e-9a1e-6d0f2f6b9a10")
 
 
-class ProfileError(ValueError):
+class ProfileError(DriverError, ValueError):
     """A profile name or file is unknown or malformed; the message names the field."""
 
 

@@ -1,0 +1,61 @@
+"""A claim's CDI spec: each device's edits from the inventory, plus its units' additions."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from dra_driver.gpu import cdi
+from dra_driver.gpu.cdiedits import EditsBuilder, read_majors
+from dra_driver.gpu.hostpaths import HostPaths
+from dra_driver.gpu.inventory import Gpu, Inventory
+from dra_driver.gpu.strategies.base import SharingStrategy, Target, Unit
+
+
+class ClaimSpecs:
+    def __init__(
+        self, *, kind: str, host: HostPaths, runtime_host: HostPaths | None = None
+    ) -> None:
+        """``runtime_host``: how the container runtime names host paths, when this
+        process sees them elsewhere (see :class:`~dra_driver.gpu.cdiedits.EditsBuilder`)."""
+        self.kind = kind
+        self._host = host
+        self._runtime_host = runtime_host
+        self._cache: EditsBuilder | None = None
+
+    def _builder(self, inventory: Inventory) -> EditsBuilder:
+        """Rebuilt when the driver version or the device majors change (a module that
+        loads late, like nvidia-uvm on first CUDA use)."""
+        majors = read_majors(self._host)
+        key = (inventory.driver_version, tuple(sorted(majors.items())))
+        builder = self._cache
+        if builder is None or builder.key != key:
+            builder = EditsBuilder(
+                host=self._host,
+                driver_version=inventory.driver_version,
+                runtime_host=self._runtime_host,
+                majors=majors,
+            )
+            self._cache = builder
+        return builder
+
+    def build(
+        self,
+        claim_uid: str,
+        targets: Sequence[Target],
+        units: Sequence[Unit],
+        inventory: Inventory,
+        strategy: Callable[[str], SharingStrategy],
+    ) -> cdi.Spec:
+        """One CDI device ``<claim uid>-<device name>`` per allocated device."""
+        builder = self._builder(inventory)
+        devices: dict[str, cdi.CdiDevice] = {}
+        for target in targets:
+            if target.name in devices:
+                continue
+            obj = target.device
+            edits = builder.gpu(obj) if isinstance(obj, Gpu) else builder.mig(obj)
+            for unit in units:
+                if target.name in unit.devices:
+                    edits = strategy(unit.strategy).edits(unit, target.name, edits)
+            devices[target.name] = cdi.CdiDevice(name=f"{claim_uid}-{target.name}", edits=edits)
+        return cdi.Spec(kind=self.kind, devices=tuple(devices.values()), edits=builder.common())

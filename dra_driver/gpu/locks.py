@@ -1,0 +1,113 @@
+"""Named exclusive locks held by one thread of one process at a time, node-wide.
+
+Each name is a file ``<dir>/<name>.lock`` locked with ``flock`` (so a second
+plugin process during a rolling update is excluded too) behind a
+``threading.Lock`` (so threads of this process queue on the in-process lock
+and hand over without polling; ``flock`` polling happens only while another
+process holds the file, which is rare). The file descriptors stay open for the
+life of the process: one per name ever used, i.e. per GPU plus the checkpoint.
+
+Names are taken in sorted order, so two callers that want overlapping sets
+never deadlock. A wait longer than its timeout raises :class:`LockTimeout`.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import re
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+
+from dra_driver.errors import DriverError
+
+_NAME = re.compile(r"^[a-z0-9][a-z0-9.-]{0,100}$")
+
+
+class LockTimeout(DriverError):
+    """A lock stayed held by someone else for longer than the caller would wait."""
+
+    def __init__(self, name: str, timeout_s: float, other_process: bool) -> None:
+        holder = "another process (a second plugin instance?)" if other_process else "this process"
+        super().__init__(f"lock {name!r} was held by {holder} for more than {timeout_s:g}s")
+        self.name = name
+
+
+class _Lock:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.thread_lock = threading.Lock()
+        self._fd: int | None = None
+
+    def _descriptor(self) -> int:
+        if self._fd is None:
+            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        return self._fd
+
+    def acquire(self, name: str, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        if not self.thread_lock.acquire(timeout=timeout_s):
+            raise LockTimeout(name, timeout_s, other_process=False)
+        try:
+            fd = self._descriptor()
+            delay = 0.001
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    return
+                except BlockingIOError:
+                    if time.monotonic() >= deadline:
+                        raise LockTimeout(name, timeout_s, other_process=True) from None
+                    time.sleep(delay)
+                    delay = min(delay * 2, 0.02)
+        except BaseException:
+            self.thread_lock.release()
+            raise
+
+    def release(self) -> None:
+        try:
+            if self._fd is not None:
+                fcntl.flock(self._fd, fcntl.LOCK_UN)
+        finally:
+            self.thread_lock.release()
+
+
+class NodeLocks:
+    def __init__(self, directory: Path) -> None:
+        self._dir = directory
+        self._guard = threading.Lock()
+        self._locks: dict[str, _Lock] = {}
+
+    def path(self, name: str) -> Path:
+        return self._dir / f"{name}.lock"
+
+    def _get(self, name: str) -> _Lock:
+        if not _NAME.match(name):
+            raise ValueError(f"lock name {name!r} is not a plain lower-case name")
+        with self._guard:
+            lock = self._locks.get(name)
+            if lock is None:
+                self._dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+                lock = self._locks[name] = _Lock(self.path(name))
+            return lock
+
+    @contextmanager
+    def hold(self, names: Iterable[str], *, timeout_s: float) -> Iterator[None]:
+        """Hold every lock in ``names`` (sorted, so overlapping sets never deadlock)."""
+        with ExitStack() as stack:
+            for name in sorted(set(names)):
+                lock = self._get(name)
+                lock.acquire(name, timeout_s)
+                stack.callback(lock.release)
+            yield
+
+    def close(self) -> None:
+        with self._guard:
+            for lock in self._locks.values():
+                if lock._fd is not None:
+                    os.close(lock._fd)
+                    lock._fd = None
+            self._locks.clear()

@@ -1,0 +1,171 @@
+"""The checkpoint on disk: one lock, read (with migration and reboot detection), write.
+
+Every read-modify-write of ``<state_dir>/checkpoint.json`` happens inside
+:meth:`CheckpointStore.transaction`, under the ``checkpoint`` lock
+(``checkpoint.lock``, the file plugin 0.1 locked too, so an old and a new
+instance overlapping in a rolling update exclude each other). The lock is held
+only while the file is read, changed in memory and written; never while a GPU
+tool runs.
+
+Writes are a temp file in the same directory renamed over the file (mode
+0600): a reader, or a process killed mid-write, sees the old or the new file,
+never a mix. There is no fsync, on purpose: an fsync protects data against a
+power loss or kernel crash, i.e. a reboot, and everything the file describes
+(device settings, MPS daemons and their tmpfs, ``/var/run/cdi``) is gone after
+a reboot anyway. After one, the file's ``nodeBootID`` differs from the running
+kernel's and all its state is discarded (strategies remove their files). A file
+that a crash left torn or empty was last written before this boot: it is
+recognised by its modification time (older than the boot) and discarded the
+same way instead of being reported corrupt.
+
+Corrupt file written in this boot: :class:`CheckpointCorruptError`; nothing
+overwrites it, because it is the only record of what must be undone. Recovery
+(README, "Claim state and recovery"): stop the plugin, move the file aside,
+start the plugin.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from dra_driver.gpu.cdi import CdiError, temp_files_for, write_atomic
+from dra_driver.gpu.checkpoint import (
+    VERSION,
+    Checkpoint,
+    CheckpointCorruptError,
+    CheckpointError,
+    decode,
+    encode,
+    migrate_v1,
+)
+from dra_driver.gpu.locks import LockTimeout, NodeLocks
+
+FILE_NAME = "checkpoint.json"
+LOCK_NAME = "checkpoint"
+
+
+@dataclass
+class Loaded:
+    checkpoint: Checkpoint
+    rebooted: bool = False
+    """The file held state of a previous boot, which was discarded: clean up its files."""
+
+
+class CheckpointStore:
+    def __init__(
+        self,
+        *,
+        state_dir: Path,
+        proc_dir: Path,
+        logger: logging.Logger,
+        lock_timeout_s: float = 10.0,
+    ) -> None:
+        """``proc_dir`` is the host's procfs (boot ID and uptime)."""
+        self.path = state_dir / FILE_NAME
+        self._state_dir = state_dir
+        self._boot_id_path = proc_dir / "sys" / "kernel" / "random" / "boot_id"
+        self._uptime_path = proc_dir / "uptime"
+        self._log = logger
+        self._lock_timeout_s = lock_timeout_s
+        self._locks = NodeLocks(state_dir)
+
+    def close(self) -> None:
+        self._locks.close()
+
+    def boot_id(self) -> str:
+        try:
+            return self._boot_id_path.read_text().strip()
+        except OSError as exc:
+            raise CheckpointError(f"read boot ID {self._boot_id_path}: {exc.strerror}") from exc
+
+    @contextmanager
+    def transaction(self) -> Iterator[Loaded]:
+        """Hold the checkpoint lock and yield the current checkpoint; call :meth:`save`
+        to write changes before leaving."""
+        try:
+            self._state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        except OSError as exc:
+            raise CheckpointError(f"create state dir {self._state_dir}: {exc.strerror}") from exc
+        with ExitStack() as stack:
+            try:
+                stack.enter_context(self._locks.hold([LOCK_NAME], timeout_s=self._lock_timeout_s))
+            except LockTimeout as exc:
+                raise CheckpointError(
+                    f"{self._locks.path(LOCK_NAME)}: {exc}; is a second plugin instance stuck?"
+                ) from exc
+            except OSError as exc:
+                raise CheckpointError(
+                    f"lock {self._locks.path(LOCK_NAME)}: {exc.strerror}"
+                ) from exc
+            yield self._load()
+
+    def _load(self) -> Loaded:
+        boot_id = self.boot_id()
+        try:
+            st = self.path.stat()
+            text = self.path.read_text()
+        except FileNotFoundError:
+            return Loaded(Checkpoint(boot_id=boot_id))
+        except OSError as exc:
+            raise CheckpointError(f"read {self.path}: {exc.strerror}") from exc
+        try:
+            raw = json.loads(text)
+            if not isinstance(raw, dict):
+                raise CheckpointCorruptError("the top level is not a JSON object")
+            version = raw.get("version")
+            if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+                raise CheckpointCorruptError(f"'version' is {version!r}, expected 1 or 2")
+            if version > VERSION:
+                raise CheckpointError(
+                    f"{self.path} has version {version}, written by a newer incompatible "
+                    f"plugin; this plugin reads versions 1 and {VERSION}. Roll forward, or "
+                    "move the file aside."
+                )
+            checkpoint = decode(migrate_v1(raw) if version == 1 else raw)
+        except (ValueError, CheckpointCorruptError) as exc:
+            if self._written_before_boot(st.st_mtime):
+                self._log.warning(
+                    "checkpoint %s from before this boot is unreadable (%s); discarding it",
+                    self.path,
+                    exc,
+                )
+                return Loaded(Checkpoint(boot_id=boot_id), rebooted=True)
+            raise CheckpointCorruptError(
+                f"checkpoint {self.path} is corrupt: {exc}. Prepare and unprepare are refused "
+                "so no state is lost; recovery: stop the plugin, move the file aside, start "
+                "it again"
+            ) from exc
+        if checkpoint.boot_id != boot_id:
+            stale = len(checkpoint.claims)
+            self._log.warning("node rebooted; discarding %d claim(s) prepared before", stale)
+            checkpoint.boot_id = boot_id
+            checkpoint.claims.clear()
+            checkpoint.shared.clear()
+            return Loaded(checkpoint, rebooted=True)
+        return Loaded(checkpoint)
+
+    def _written_before_boot(self, mtime: float) -> bool:
+        try:
+            uptime = float(self._uptime_path.read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            return False
+        return mtime < time.time() - uptime
+
+    def save(self, checkpoint: Checkpoint) -> None:
+        """Atomic replace (see the module docstring for why without fsync)."""
+        data = (json.dumps(encode(checkpoint), indent=1, sort_keys=True) + "\n").encode()
+        try:
+            write_atomic(self.path, data, mode=0o600)
+        except CdiError as exc:
+            raise CheckpointError(str(exc)) from exc
+
+    def remove_temp_files(self) -> None:
+        """Temp files of writes a killed process left (never read: not ``*.json``)."""
+        for tmp in temp_files_for(self.path):
+            tmp.unlink(missing_ok=True)

@@ -1,0 +1,175 @@
+"""The seam for ways of preparing a GPU: one small protocol per sharing strategy.
+
+A claim's devices are resolved against the inventory into :class:`Target`\\ s.
+For every target (admin-access targets excepted: they only get device nodes),
+each registered strategy is asked whether it :meth:`~SharingStrategy.wants` it
+given the device's effective config; the targets a strategy wants, grouped by
+the config they came from, are planned into :class:`Unit`\\ s. A unit is what
+one strategy does for some of a claim's devices, as JSON (``record``): it is
+written to the checkpoint *before* anything is applied, so :meth:`undo` can
+always run from the record alone (after a SIGKILL, in another process).
+
+The pipeline (:mod:`dra_driver.gpu.preparing`) drives the rest and owns
+ordering, locks, checkpoint states and rollback; a strategy only:
+
+- decodes and validates its settings (``config``, a :class:`SharingDecoder`);
+- plans without side effects (bad input raises ``ConfigError`` here);
+- applies a unit step by step, calling ``steps.done(name)`` after each side
+  effect and ``steps.record(...)`` whenever it learnt something undo needs that
+  the plan could not know (an ID the hardware assigned), *before* the next
+  step can fail;
+- undoes a unit idempotently (every step may have happened or not), raising on
+  any step that did not take effect, so a failed reset is retried, not ignored;
+- adds its CDI container edits to each device it covers;
+- removes what it may have left for a claim that has no record
+  (:meth:`forget`) and, after a reboot, every file it keeps (:meth:`after_reboot`:
+  hardware state is gone then, so no tool is run and no process signalled).
+
+Per-node state shared by several claims (one MPS control daemon serving the
+shares of many claims on a GPU, say) is the optional :class:`SharedResources`
+ability: a unit names shared keys, the pipeline records each key before
+acquiring it, reference-counts it over all claims in the checkpoint, and
+releases it when the last claim using it is gone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from dra_driver.gpu.cdi import ContainerEdits
+from dra_driver.gpu.config import DeviceConfig, DeviceType, SharingDecoder
+from dra_driver.gpu.inventory import Gpu, MigInstance
+
+
+@dataclass(frozen=True)
+class Target:
+    """One allocated device of a claim, resolved against the inventory."""
+
+    name: str
+    """Published device name, e.g. ``gpu-3``."""
+    request: str
+    device: Gpu | MigInstance
+    admin_access: bool = False
+    share_id: str | None = None
+    consumed_capacity: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def type(self) -> DeviceType:
+        return "gpu" if isinstance(self.device, Gpu) else "mig"
+
+    @property
+    def uuid(self) -> str:
+        return self.device.uuid
+
+    @property
+    def gpu_uuid(self) -> str:
+        """The physical GPU's UUID (a MIG device's parent)."""
+        return self.device.uuid if isinstance(self.device, Gpu) else self.device.parent_uuid
+
+
+@dataclass(frozen=True)
+class Unit:
+    """What one strategy does for some devices of one claim; JSON in the checkpoint."""
+
+    strategy: str
+    """Name of the strategy that planned it (selects the strategy for undo)."""
+    devices: tuple[str, ...]
+    """Names of the claim's devices whose CDI edits it changes."""
+    gpus: tuple[str, ...] = ()
+    """UUIDs of GPUs whose settings it changes; two units never change one GPU."""
+    record: Mapping[str, Any] = field(default_factory=dict)
+    """Everything :meth:`SharingStrategy.undo` needs, JSON-serialisable."""
+    shared: tuple[str, ...] = ()
+    """Keys of per-node shared resources it uses (:class:`SharedResources`), each
+    ``<GPU name>/<what>``, e.g. ``gpu-3/mps``, the GPU one of the claim's (it is locked)."""
+
+
+class Steps(Protocol):
+    """What a strategy reports to the pipeline while it acts."""
+
+    def done(self, name: str) -> None:
+        """One side effect took place (crash tests kill the process here)."""
+        ...
+
+    def record(self, record: Mapping[str, Any]) -> None:
+        """Replace the unit's record in the checkpoint now (e.g. a hardware-assigned ID
+        undo will need), before the next step can fail."""
+        ...
+
+
+class SharingStrategy(Protocol):
+    """One way of preparing devices; see the module docstring for the contract."""
+
+    @property
+    def name(self) -> str:
+        """Stable: stored in the checkpoint, and the ``sharing.strategy`` value if
+        :attr:`config` is set."""
+        ...
+
+    @property
+    def config(self) -> SharingDecoder | None:
+        """Its settings decoder; None when no opaque config selects this strategy."""
+        ...
+
+    def wants(self, target: Target, config: DeviceConfig) -> bool:
+        """Whether this strategy acts on ``target`` given its effective config."""
+        ...
+
+    def plan(self, claim_uid: str, targets: Sequence[Target], config: DeviceConfig) -> list[Unit]:
+        """Units for ``targets`` (all wanted, all with ``config``); pure, raises
+        ``ConfigError`` for settings that do not fit these devices."""
+        ...
+
+    def apply(self, unit: Unit, steps: Steps) -> None: ...
+
+    def undo(self, unit: Unit, steps: Steps) -> None:
+        """Idempotent; raises when a step did not take effect."""
+        ...
+
+    def edits(self, unit: Unit, device: str, edits: ContainerEdits) -> ContainerEdits:
+        """``device``'s container edits with this unit's additions (after :meth:`apply`)."""
+        ...
+
+    def forget(self, claim_uid: str) -> None:
+        """Remove what this strategy may have left for a claim the checkpoint does not know."""
+        ...
+
+    def after_reboot(self) -> None:
+        """Remove every file this strategy keeps; state from the previous boot is gone."""
+        ...
+
+
+@runtime_checkable
+class SharedResources(Protocol):
+    """Optional ability: per-node resources shared by several claims' units."""
+
+    def acquire(self, key: str, steps: Steps) -> Mapping[str, Any]:
+        """Create the resource (the pipeline has recorded the key); returns its record."""
+        ...
+
+    def release(self, key: str, record: Mapping[str, Any], steps: Steps) -> None:
+        """Idempotent undo of :meth:`acquire`, from the record (possibly empty: the
+        process died before acquire returned)."""
+        ...
+
+
+class Strategies:
+    """The strategies of one preparer, in apply order (undo runs in reverse)."""
+
+    def __init__(self, strategies: Sequence[SharingStrategy]) -> None:
+        self._all = tuple(strategies)
+        self._by_name = {s.name: s for s in self._all}
+        if len(self._by_name) != len(self._all):
+            raise ValueError("two strategies with the same name")
+
+    def __iter__(self) -> Any:
+        return iter(self._all)
+
+    def get(self, name: str) -> SharingStrategy | None:
+        return self._by_name.get(name)
+
+    def decoders(self) -> dict[str, SharingDecoder]:
+        """``sharing.strategy`` value -> settings decoder, in registration order."""
+        return {s.name: s.config for s in self._all if s.config is not None}
