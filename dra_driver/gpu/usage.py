@@ -22,14 +22,17 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from dra_driver.gpu.hostpaths import HostPaths
+from dra_driver.gpu.inventory import Inventory
+from dra_driver.gpu.naming import gpu_device_name, mig_device_name
 from dra_driver.gpu.nvml import Nvml, NvmlError
 from dra_driver.gpu.nvmlmonitor import ProcessInfo
+from dra_driver.plugin.claimbook import PreparedClaim
 
 _POD_UID = re.compile(
     r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})"
@@ -68,6 +71,43 @@ class UsageSample:
     utilization_share: float | None
     """This pod's fraction of all utilization on the GPU (shares)."""
     memory_share: float | None
+
+
+def targets_for(
+    claims: list[PreparedClaim], inventory: Inventory, sharing: dict[str, str] | None = None
+) -> list[UsageTarget]:
+    """Usage targets of prepared claims: each device looked up in the inventory (a device
+    no longer discovered has no target). ``sharing``: claim UID -> strategy name."""
+    by_name: dict[str, UsageTarget] = {}
+    for gpu in inventory.gpus:
+        if gpu.degraded:
+            continue
+        if not gpu.mig_enabled:
+            by_name[gpu_device_name(gpu)] = UsageTarget(
+                namespace="", claim="", pods=(), device=gpu_device_name(gpu), gpu_uuid=gpu.uuid,
+                mig=None, allocated_bytes=gpu.memory_bytes, product=gpu.product_name,
+            )  # fmt: skip
+        for m in gpu.mig_instances:
+            by_name[mig_device_name(m)] = UsageTarget(
+                namespace="", claim="", pods=(), device=mig_device_name(m), gpu_uuid=gpu.uuid,
+                mig=(m.gi_id, m.ci_id), allocated_bytes=m.profile.memory_bytes,
+                product=gpu.product_name, profile=m.profile.name,
+            )  # fmt: skip
+    out = []
+    for c in claims:
+        for device, _share in c.devices:
+            base = by_name.get(device)
+            if base is not None:
+                out.append(
+                    replace(
+                        base,
+                        namespace=c.ref.namespace,
+                        claim=c.ref.name,
+                        pods=c.pods,
+                        sharing=(sharing or {}).get(c.ref.uid, "exclusive"),
+                    )
+                )
+    return out
 
 
 def pod_uid_of(host: HostPaths, pid: int) -> str | None:

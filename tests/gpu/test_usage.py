@@ -101,3 +101,50 @@ def test_metrics_follow_the_prepared_claims(sampled) -> None:
     )
     targets.clear()  # unprepared: its series go at once, before the next sample
     assert registry.get_sample_value("dra_driver_claim_gpu_memory_used_bytes", labels) is None
+
+
+def test_targets_follow_the_claim_book_and_the_inventory(make_node, discover_node) -> None:
+    from dra_driver.gpu.usage import targets_for
+    from dra_driver.plugin.claimbook import PreparedClaimBook
+    from dra_driver.plugin.claims import ClaimRef
+
+    inventory = discover_node(make_node("dgx-a100-mig"))
+    objects = {}
+
+    def claim(name: str, uid: str, devices: list[str], pods: list[tuple[str, str]]) -> ClaimRef:
+        objects[name] = {
+            "metadata": {"uid": uid},
+            "status": {
+                "allocation": {"devices": {"results": [
+                    {"driver": "gpu.nvidia.com", "pool": "node-a", "device": d, "request": "r"}
+                    for d in devices] + [
+                    {"driver": "other.example.com", "pool": "node-a", "device": "x", "request": "r"}
+                ]}},
+                "reservedFor": [{"resource": "pods", "name": n, "uid": u} for n, u in pods],
+            },
+        }  # fmt: skip
+        return ClaimRef("ml", name, uid)
+
+    book = PreparedClaimBook(driver_name="gpu.nvidia.com", pool_name="node-a",
+                             get_claim=lambda ns, n: objects.get(n),
+                             logger=logging.getLogger("t"))  # fmt: skip
+    full = claim("full", "u1", ["gpu-2"], [("p1", POD_A)])
+    mig = claim("mig", "u2", ["gpu-0-mig-2g20gb-14-4"], [("p2", POD_B)])
+    book.prepared(full, objects["full"])
+    book.reload([full, mig])  # after a restart: rebuilt from the backend's claims
+    objects["full"]["status"]["reservedFor"].append(
+        {"resource": "pods", "name": "p3", "uid": POD_B}
+    )
+    book.refresh()  # a second pod joined the shared claim without a prepare call
+    targets = {t.claim: t for t in targets_for(book.claims(), inventory, {"u1": "time-slicing"})}
+    assert targets["full"].pods == (("p1", POD_A), ("p3", POD_B))
+    assert (targets["full"].device, targets["full"].mig, targets["full"].sharing) == (
+        "gpu-2",
+        None,
+        "time-slicing",
+    )
+    assert targets["full"].allocated_bytes == 80 * GIB
+    assert (targets["mig"].mig, targets["mig"].profile) == ((5, 0), "2g.20gb")  # GI 5, CI 0
+    assert targets["mig"].allocated_bytes == 19968 * 2**20
+    book.unprepared(full)
+    assert [t.claim for t in targets_for(book.claims(), inventory)] == ["mig"]

@@ -1,0 +1,102 @@
+"""The claims prepared on this node, with their devices and the pods using them.
+
+Fed by the prepare path (a claim prepared or unprepared) and kept current from
+the API server: at start it is rebuilt from the backend's prepared claims,
+and every ``refresh`` re-reads each claim's ``status.reservedFor`` (pods come
+and go on a shared claim without any prepare call: the kubelet prepares a
+claim once per node). Per-claim usage metrics read it to label samples with
+namespace, claim and pod.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from dra_driver.plugin.claims import ClaimRef
+
+ClaimGetter = Callable[[str, str], "dict[str, Any] | None"]
+
+
+@dataclass(frozen=True)
+class PreparedClaim:
+    ref: ClaimRef
+    devices: tuple[tuple[str, str | None], ...]
+    """``(device name, share ID)`` of our driver on this node's pool."""
+    pods: tuple[tuple[str, str], ...]
+    """``(pod name, pod UID)`` the claim is reserved for."""
+
+
+def pods_of(obj: dict[str, Any]) -> tuple[tuple[str, str], ...]:
+    return tuple(
+        (str(r.get("name", "")), str(r.get("uid", "")))
+        for r in (obj.get("status") or {}).get("reservedFor") or []
+        if r.get("resource") == "pods"
+    )
+
+
+def devices_of(obj: dict[str, Any], driver: str, pool: str) -> tuple[tuple[str, str | None], ...]:
+    results = (((obj.get("status") or {}).get("allocation") or {}).get("devices") or {}).get(
+        "results"
+    ) or []
+    return tuple(
+        (str(r["device"]), r.get("shareID"))
+        for r in results
+        if r.get("driver") == driver and r.get("pool") == pool
+    )
+
+
+class PreparedClaimBook:
+    def __init__(
+        self, *, driver_name: str, pool_name: str, get_claim: ClaimGetter, logger: logging.Logger
+    ) -> None:
+        self._driver = driver_name
+        self._pool = pool_name
+        self._get = get_claim
+        self._log = logger
+        self._lock = threading.Lock()
+        self._claims: dict[str, PreparedClaim] = {}
+
+    def prepared(self, ref: ClaimRef, obj: dict[str, Any]) -> None:
+        """The claim object as fetched for the prepare that just succeeded."""
+        entry = PreparedClaim(ref, devices_of(obj, self._driver, self._pool), pods_of(obj))
+        with self._lock:
+            self._claims[ref.uid] = entry
+
+    def unprepared(self, ref: ClaimRef) -> None:
+        with self._lock:
+            self._claims.pop(ref.uid, None)
+
+    def claims(self) -> list[PreparedClaim]:
+        with self._lock:
+            return list(self._claims.values())
+
+    def reload(self, refs: Iterable[ClaimRef]) -> None:
+        """Rebuild from what the backend has prepared (at start, and periodically)."""
+        wanted = {r.uid: r for r in refs}
+        with self._lock:
+            for uid in set(self._claims) - set(wanted):
+                del self._claims[uid]
+        for ref in wanted.values():
+            self._refresh_one(ref)
+
+    def refresh(self) -> None:
+        """Re-read the pods of every prepared claim."""
+        for entry in self.claims():
+            self._refresh_one(entry.ref)
+
+    def _refresh_one(self, ref: ClaimRef) -> None:
+        try:
+            obj = self._get(ref.namespace, ref.name)
+        except Exception as exc:
+            self._log.warning("cannot read claim for usage labels: %s", exc,
+                              extra={"claim_uid": ref.uid})  # fmt: skip
+            return
+        if obj is None or (obj.get("metadata") or {}).get("uid") != ref.uid:
+            return  # gone or re-created: the stale-claim cleanup unprepares it
+        entry = PreparedClaim(ref, devices_of(obj, self._driver, self._pool), pods_of(obj))
+        with self._lock:
+            self._claims[ref.uid] = entry
