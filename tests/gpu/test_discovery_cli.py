@@ -91,3 +91,24 @@ def test_kubelet_plugin_start_failure_is_a_clear_error(tmp_path: Path) -> None:
                "--kubeconfig", str(tmp_path / "missing"), check=False)  # fmt: skip
     assert bad.returncode == 1
     assert "cannot start: kubeconfig" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_slices_numa_attribute_form_and_nvlink_domains() -> None:
+    def attrs(*extra: str) -> list[dict]:
+        out = _run("slices", "--node-name", "n", "--emulate", "a100-pcie-nvlink", "-o", "json",
+                   *extra).stdout  # fmt: skip
+        return [d["attributes"] for d in json.loads(out)["items"][0]["spec"]["devices"]]
+
+    scalar = attrs()
+    assert [a["resource.kubernetes.io/numaNode"] for a in scalar] == [
+        {"int": 0}, {"int": 1}, {"int": 4}, {"int": 5}
+    ]  # fmt: skip
+    assert [a["nvlinkDomain"]["string"] for a in scalar] == [
+        "nvlink-0000:21:00.0", "nvlink-0000:21:00.0", "nvlink-0000:a1:00.0", "nvlink-0000:a1:00.0"
+    ]  # fmt: skip
+    listed = attrs("--numa-attribute-form", "list")
+    assert listed[1]["resource.kubernetes.io/numaNode"] == {"ints": [0, 1, 2, 3]}
+    assert listed[1]["numaNode"] == {"int": 1}  # our own attribute stays a scalar
+    bad = _run("slices", "--node-name", "n", "--emulate", "t4", "--numa-attribute-form", "lists",
+               check=False)  # fmt: skip
+    assert bad.returncode == 2 and "invalid choice: 'lists'" in bad.stderr
