@@ -134,6 +134,8 @@ class LibraryCore:
         self._cond = threading.Condition(self._lock)
         self._runtime = {gpu.index: GpuRuntime() for gpu in profile.gpus}
         self._event_sets: dict[int, EventSet] = {}
+        self._event_poller = False
+        """Whether a waiting thread is re-reading the control file for the others."""
         self._next_event_set = 1
         self._control = ControlFeed(control_file)
         self._control_read_at = 0.0

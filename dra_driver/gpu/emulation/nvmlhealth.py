@@ -3,9 +3,11 @@
 ``nvmlEventSetWait_v2`` blocks like the real call: it returns the oldest event
 queued for the set, ``NVML_ERROR_TIMEOUT`` when none came within the timeout,
 and ``NVML_ERROR_GPU_IS_LOST`` when a registered GPU fell off the bus. While it
-waits it releases the library lock (other threads keep querying) and re-reads
-the control file every few milliseconds, so events injected by another process
-arrive promptly.
+waits it releases the library lock (other threads keep querying). One waiter
+at a time re-reads the control file every 20 ms, so events injected by another
+process arrive promptly while a node with many GPUs (one waiting thread each)
+costs no more than one poller; the others sleep until an event or their
+timeout, and a leaving poller hands over to one of them.
 """
 
 from __future__ import annotations
@@ -86,8 +88,16 @@ class HealthCalls(LibraryCore):
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise Return(ERROR_TIMEOUT)
-            self._cond.wait(min(remaining, _WAIT_SLICE_S))  # releases the library lock
-            self._poll_control()
+            if self._control.path is not None and not self._event_poller:
+                self._event_poller = True
+                try:
+                    self._cond.wait(min(remaining, _WAIT_SLICE_S))  # releases the library lock
+                    self._poll_control(force=True)
+                finally:
+                    self._event_poller = False
+                    self._cond.notify(1)  # hand the polling over to another waiter
+            else:
+                self._cond.wait(remaining)  # woken by an event (apply) or a handover
 
     # ---- field values and ECC --------------------------------------------------------------
     def _c_nvmlDeviceGetFieldValues(self, handle: Any, count: Any, values: Any) -> None:
