@@ -25,6 +25,7 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING
 
+from dra_driver.commands import observability
 from dra_driver.commands.discover import add_host_arguments, gpu_host
 
 if TYPE_CHECKING:
@@ -167,17 +168,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="delete this node's slices on exit (clean uninstall)",
     )
+    observability.add_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
+    from prometheus_client import CollectorRegistry
+
     from dra_driver.gpu.discovery import DiscoveryError, discover
     from dra_driver.gpu.driver import GpuDriver
     from dra_driver.gpu.emulation import ProfileError
     from dra_driver.gpu.hostpaths import HostPaths
+    from dra_driver.gpu.metrics import GpuMetrics
+    from dra_driver.gpu.nvml import Nvml
     from dra_driver.gpu.sharing import GpuTools
     from dra_driver.plugin.app import KubeletPlugin, PluginSettings
     from dra_driver.plugin.healthz import HealthServer
     from dra_driver.plugin.kubeclient import KubeError
+    from dra_driver.plugin.metrics import exposition
 
     stop = threading.Event()
     rediscover = threading.Event()
@@ -201,10 +208,13 @@ def run(args: argparse.Namespace) -> int:
             if node is not None:
                 _install_emulated_tools(node.bin_dir, node.host.root / "emulation" / "tools.jsonl")
 
+            registry = CollectorRegistry()
+            gpu_metrics = GpuMetrics(registry)
+
             def discover_now() -> Inventory:
                 if node is not None:
                     node.sync()
-                return discover(host, logger)
+                return discover(host, logger, nvml=Nvml(observer=gpu_metrics.nvml_call))
 
             state_dir = args.state_dir or args.kubelet_plugins_dir / args.driver_name
             state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -224,6 +234,12 @@ def run(args: argparse.Namespace) -> int:
                 logger=logging.getLogger("dra_driver.gpu"),
                 pool_name=args.node_name,
                 taint_degraded=args.taint_degraded,
+                health_policy=observability.health_policy(args),
+                numa_attribute_form=args.numa_attribute_form,
+                nvml_observer=gpu_metrics.nvml_call,
+                health_events=gpu_metrics,
+                usage_interval_s=args.usage_interval,
+                registry=registry,
             )
             settings = PluginSettings(
                 driver_name=args.driver_name,
@@ -234,9 +250,13 @@ def run(args: argparse.Namespace) -> int:
                 health_interval_s=args.health_interval,
                 cleanup_interval_s=args.cleanup_interval,
                 kubeconfig=args.kubeconfig,
+                claim_status=args.claim_status,
             )
             plugin = KubeletPlugin(
-                settings=settings, backend=driver, logger=logging.getLogger("dra_driver.plugin")
+                settings=settings,
+                backend=driver,
+                logger=logging.getLogger("dra_driver.plugin"),
+                registry=registry,
             )
             signal.signal(signal.SIGTERM, on_stop)
             signal.signal(signal.SIGINT, on_stop)
@@ -249,6 +269,7 @@ def run(args: argparse.Namespace) -> int:
                         readiness=plugin.readiness,
                         port=args.health_port,
                         logger=logging.getLogger("dra_driver.plugin"),
+                        metrics=exposition(registry) if args.metrics else None,
                     )
                     health.start()
                 plugin.start()

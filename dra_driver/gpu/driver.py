@@ -27,6 +27,8 @@ import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from prometheus_client import CollectorRegistry
+
 from dra_driver.gpu.devices import NumaAttributeForm, build_pool
 from dra_driver.gpu.devicestatus import device_status
 from dra_driver.gpu.discovery import DiscoveryError
@@ -43,7 +45,9 @@ from dra_driver.gpu.nvml import Nvml
 from dra_driver.gpu.nvmlmonitor import CallObserver
 from dra_driver.gpu.preparing import ClaimPreparer
 from dra_driver.gpu.sharing import GpuTools
+from dra_driver.gpu.usage import UsageCollector, UsageSampler, targets_for
 from dra_driver.plugin.backend import DeviceHealth, PreparedDevice
+from dra_driver.plugin.claimbook import PreparedClaim
 from dra_driver.plugin.claims import Claim, ClaimRef
 from dra_driver.plugin.claimstatus import DeviceStatus
 from dra_driver.plugin.resources import Pool
@@ -74,6 +78,8 @@ class GpuDriver:
         numa_attribute_form: NumaAttributeForm = "scalar",
         nvml_observer: CallObserver | None = None,
         health_events: HealthEvents | None = None,
+        usage_interval_s: float = 10.0,
+        registry: CollectorRegistry | None = None,
     ) -> None:
         """Runs the first discovery now, so a node without a usable driver fails at start,
         then finishes whatever prepare or unprepare a previous process left half done.
@@ -82,7 +88,8 @@ class GpuDriver:
         this process sees them elsewhere (see :class:`~dra_driver.gpu.cdiedits.EditsBuilder`).
         ``health_policy`` None: no health monitoring (devices are healthy unless degraded).
         ``nvml_observer`` and ``health_events`` receive the monitor's NVML calls and
-        what it saw (metrics).
+        what it saw (metrics). With a ``registry``, per-claim GPU usage is sampled every
+        ``usage_interval_s`` (0: never) once the plugin hands over its prepared claims.
         """
         self._driver_name = driver_name
         self._pool_name = pool_name
@@ -103,6 +110,20 @@ class GpuDriver:
         )
         self._health = HealthSnapshot()
         self._notify: Callable[[], None] | None = None
+        self._claims: Callable[[], list[PreparedClaim]] = list
+        self._usage = (
+            UsageSampler(
+                nvml=Nvml(observer=nvml_observer),
+                host=host,
+                targets=lambda: targets_for(self._claims(), self.inventory()),
+                interval_s=usage_interval_s,
+                logger=logger.getChild("usage"),
+            )
+            if registry is not None and usage_interval_s > 0
+            else None
+        )
+        if self._usage is not None and registry is not None:
+            registry.register(UsageCollector(self._usage))
         self._inventory = discover()
         self._pool = self._build(self._inventory, self._health)
         self._preparer = ClaimPreparer(
@@ -154,16 +175,29 @@ class GpuDriver:
 
     # ---- health monitoring (BackgroundWork) ----
     def start_background(self, notify: Callable[[], None]) -> None:
-        """Start the health monitor; ``notify`` republishes after every health change."""
+        """Start the health monitor and the usage sampler; ``notify`` republishes after
+        every health change."""
         self._notify = notify
         if self._monitor is not None:
             self._monitor.on_change = self._health_changed
             self._monitor.start(self.inventory())
             self._health_changed()
+        if self._usage is not None:
+            self._usage.start()
 
     def stop_background(self) -> None:
+        if self._usage is not None:
+            self._usage.stop()
         if self._monitor is not None:
             self._monitor.stop()
+
+    def watch_claims(self, claims: Callable[[], list[PreparedClaim]]) -> None:
+        """The plugin's prepared claims (devices and pods), for per-claim usage metrics."""
+        self._claims = claims
+
+    @property
+    def usage(self) -> UsageSampler | None:
+        return self._usage
 
     def _health_changed(self) -> None:
         if self._monitor is None:

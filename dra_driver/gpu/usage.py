@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from dra_driver.gpu.hostpaths import HostPaths
@@ -141,7 +141,8 @@ class UsageSampler:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.cpu_seconds = 0.0
-        """Process CPU time spent sampling (the cost this feature adds)."""
+        """Thread CPU time spent sampling (the cost this feature adds)."""
+        self.samples = 0
 
     def start(self) -> None:
         self._nvml.init()
@@ -186,6 +187,7 @@ class UsageSampler:
         with self._lock:
             self._latest = samples
         self.cpu_seconds += time.thread_time() - started
+        self.samples += 1
         return samples
 
     def _sample_gpu(self, uuid: str, targets: list[UsageTarget]) -> list[UsageSample]:
@@ -282,4 +284,13 @@ class UsageCollector(Collector):
             if s.memory_share is not None:
                 mem_share.add_metric(labels, s.memory_share)
             info.add_metric([*labels, t.product, t.profile, t.sharing], 1)
-        yield from (util, used, allocated, util_share, mem_share, info)
+        cost = CounterMetricFamily(
+            "dra_driver_claim_usage_sampling_cpu_seconds",
+            "CPU time the plugin spent sampling per-claim GPU usage (NVML and /proc reads).",
+        )
+        cost.add_metric([], self._sampler.cpu_seconds)
+        rounds = CounterMetricFamily(
+            "dra_driver_claim_usage_samples", "Per-claim usage sampling rounds."
+        )
+        rounds.add_metric([], self._sampler.samples)
+        yield from (util, used, allocated, util_share, mem_share, info, cost, rounds)

@@ -42,6 +42,9 @@ from prometheus_client import CollectorRegistry
 
 from dra_driver.plugin._proto import pluginregistration_pb2_grpc
 from dra_driver.plugin.backend import BackgroundWork, DeviceBackend, DeviceHealth, HealthReporter
+from dra_driver.plugin.claimbook import ClaimKeeper, ClaimUsage, PreparedClaimBook
+from dra_driver.plugin.claimevents import ClaimActivity
+from dra_driver.plugin.claimstatus import ClaimStatusWriter, DeviceStatusReporter
 from dra_driver.plugin.cleanup import StaleClaimCleaner
 from dra_driver.plugin.health import HealthHub, add_health_services
 from dra_driver.plugin.kubeclient import KubeClient, KubeConfig, load_in_cluster, load_kubeconfig
@@ -99,6 +102,12 @@ class PluginSettings:
     """gRPC handler threads; each open health stream holds one."""
     api_timeout_s: float = 10.0
     """Per-request API server timeout."""
+    claim_status: bool = True
+    """Write our devices into each prepared claim's ``status.devices`` (KEP-4817); needs
+    RBAC on ``resourceclaims/status`` and ``resourceclaims/driver`` (deploy/rbac)."""
+    claim_refresh_interval_s: float = 60.0
+    """How often the pods of prepared claims are re-read (usage labels) and changed claim
+    status entries re-applied (also right after every health change)."""
 
 
 @dataclass(frozen=True)
@@ -171,6 +180,9 @@ class KubeletPlugin:
         self._publisher: SlicePublisher | None = None
         self._cleaner: StaleClaimCleaner | None = None
         self._hub: HealthHub | None = None
+        self._keeper: ClaimKeeper | None = None
+        self.claims: PreparedClaimBook | None = None
+        """Claims prepared on this node with their devices and pods (after start)."""
 
     # -- wiring ----------------------------------------------------------------
 
@@ -201,6 +213,30 @@ class KubeletPlugin:
             if remove_stale_socket(path):
                 self._log.info("removed stale socket %s", path)
 
+        book = self.claims = PreparedClaimBook(
+            driver_name=s.driver_name,
+            pool_name=s.node_name,
+            get_claim=client.get_resource_claim,
+            logger=self._log,
+        )
+        status = None
+        if s.claim_status:
+            status = ClaimStatusWriter(
+                driver_name=s.driver_name,
+                apply=lambda ns, name, body: client.apply_resource_claim_status(
+                    ns, name, body, field_manager=s.driver_name
+                ),
+                reporter=self._backend if isinstance(self._backend, DeviceStatusReporter) else None,
+                logger=self._log,
+                node_name=s.node_name,
+            )
+        self._keeper = ClaimKeeper(
+            book=book,
+            prepared=self._backend.prepared_claims,
+            status=status,
+            interval_s=s.claim_refresh_interval_s,
+            logger=self._log,
+        )
         self._service = ClaimService(
             driver_name=s.driver_name,
             pool_name=s.node_name,
@@ -209,6 +245,12 @@ class KubeletPlugin:
             lock_file=FileLock(self.paths.lock) if s.rolling_update_uid else None,
             logger=self._log,
             parallel=False if s.serialize_claims else None,
+            events=ClaimActivity(
+                logger=self._log,
+                metrics=self.metrics.operations if self.metrics is not None else None,
+                status=status,
+                book=book,
+            ),
         )
         self._hub = HealthHub(
             source=self._device_health, interval_s=s.health_interval_s, logger=self._log
@@ -261,6 +303,7 @@ class KubeletPlugin:
                 health=hub.current,
                 pool=self._backend.pool,
                 prepared_claims=lambda: sum(1 for _ in self._backend.prepared_claims()),
+                prepared_devices=lambda: sum(len(c.devices) for c in book.claims()),
             )
         self._publisher.start()
         self._cleaner = StaleClaimCleaner(
@@ -271,6 +314,9 @@ class KubeletPlugin:
             logger=self._log,
         )
         self._cleaner.start()
+        self._keeper.start()
+        if isinstance(self._backend, ClaimUsage):
+            self._backend.watch_claims(book.claims)
         if isinstance(self._backend, BackgroundWork):
             self._backend.start_background(self.republish)
 
@@ -282,6 +328,8 @@ class KubeletPlugin:
             self._backend.stop_background()
         if self._cleaner is not None:
             self._cleaner.stop()
+        if self._keeper is not None:
+            self._keeper.stop()
         if self._hub is not None:
             self._hub.close()
         if self._server is not None:
@@ -299,10 +347,13 @@ class KubeletPlugin:
         self._log.info("stopped DRA plugin %s (uninstall=%s)", self.settings.driver_name, uninstall)
 
     def republish(self) -> None:
-        """The backend's pool changed: re-publish slices and refresh health now."""
+        """The backend's pool changed: re-publish slices, refresh health now, and bring
+        the prepared claims' status conditions up to date."""
         if self._publisher is not None:
             self._publisher.trigger()
         self.notify_health_changed()
+        if self._keeper is not None:
+            self._keeper.trigger()
 
     def notify_health_changed(self) -> None:
         if self._hub is not None:

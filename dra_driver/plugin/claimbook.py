@@ -14,9 +14,10 @@ import logging
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from dra_driver.plugin.claims import ClaimRef
+from dra_driver.plugin.claimstatus import ClaimStatusWriter
 
 ClaimGetter = Callable[[str, str], "dict[str, Any] | None"]
 
@@ -100,3 +101,62 @@ class PreparedClaimBook:
         entry = PreparedClaim(ref, devices_of(obj, self._driver, self._pool), pods_of(obj))
         with self._lock:
             self._claims[ref.uid] = entry
+
+
+@runtime_checkable
+class ClaimUsage(Protocol):
+    """Optional backend ability: reads the prepared claims (e.g. to label usage metrics)."""
+
+    def watch_claims(self, claims: Callable[[], list[PreparedClaim]]) -> None: ...
+
+
+class ClaimKeeper:
+    """Background thread ``claim-book``: rebuilds the book from the backend at start, then
+    every ``interval_s`` (or when triggered, e.g. after a health change) re-reads the pods
+    of the prepared claims and re-applies claim status entries that changed."""
+
+    def __init__(
+        self,
+        *,
+        book: PreparedClaimBook,
+        prepared: Callable[[], Iterable[ClaimRef]],
+        status: ClaimStatusWriter | None,
+        interval_s: float,
+        logger: logging.Logger,
+    ) -> None:
+        self._book, self._prepared, self._status = book, prepared, status
+        self._interval_s = interval_s
+        self._log = logger
+        self._stop = threading.Event()
+        self._trigger = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="claim-book", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._trigger.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    def trigger(self) -> None:
+        self._trigger.set()
+
+    def _loop(self) -> None:
+        reload = True
+        while not self._stop.is_set():
+            try:
+                if reload:
+                    self._book.reload(self._prepared())
+                    reload = False
+                else:
+                    self._book.refresh()
+                if self._status is not None:
+                    self._status.refresh()
+            except Exception:
+                self._log.exception("claim book refresh failed; retrying")
+                reload = True
+            self._trigger.wait(self._interval_s)
+            self._trigger.clear()

@@ -229,13 +229,14 @@ class KubeClient:
         *,
         body: Obj | None = None,
         params: Mapping[str, str | int] | None = None,
+        content_type: str = "application/json",
     ) -> Obj:
         """One API call; returns the decoded JSON body or raises a :class:`KubeError`."""
         headers = self._headers()
         data = None
         if body is not None:
             data = json.dumps(body).encode()
-            headers["Content-Type"] = "application/json"
+            headers["Content-Type"] = content_type
         try:
             resp = self._http.request(
                 method,
@@ -257,6 +258,26 @@ class KubeClient:
             return self.request("GET", path)
         except NotFoundError:
             return None
+
+    def apply_resource_claim_status(
+        self, namespace: str, name: str, body: Obj, *, field_manager: str
+    ) -> None:
+        """Server-side apply of the claim's status (our ``status.devices`` entries); a claim
+        that no longer exists is fine (nothing to write or remove)."""
+        path = (
+            f"{RESOURCE_API}/namespaces/{_segment(namespace)}/resourceclaims/"
+            f"{_segment(name)}/status"
+        )
+        try:
+            self.request(
+                "PATCH",
+                path,
+                body=body,
+                params={"fieldManager": field_manager, "force": "true"},
+                content_type="application/apply-patch+yaml",
+            )
+        except NotFoundError:
+            pass
 
     def get_node(self, name: str) -> Obj:
         return self.request("GET", f"/api/v1/nodes/{_segment(name)}")

@@ -12,6 +12,7 @@ metric                                              what
 ``dra_driver_node_operation_duration_seconds``      prepare/unprepare time per claim
 ``dra_driver_node_operation_errors_total``          failed claims by operation and reason
 ``dra_driver_prepared_claims``                      claims prepared on the node now
+``dra_driver_prepared_devices``                     their devices
 ``dra_driver_resourceslice_writes_total``           slice creates/updates/deletes
 ``dra_driver_resourceslice_conflicts_total``        writes refused on a stale version
 ``dra_driver_resourceslice_sync_errors_total``      failed syncs (API errors, invalid pool)
@@ -135,13 +136,21 @@ class _StateCollector(Collector):
         health: Callable[[], Iterable[DeviceHealth]],
         pool: Callable[[], Pool],
         prepared_claims: Callable[[], int],
+        prepared_devices: Callable[[], int] | None = None,
     ) -> None:
         self._health, self._pool, self._prepared = health, pool, prepared_claims
+        self._devices = prepared_devices
 
     def collect(self) -> Iterator[Metric]:
         claims = GaugeMetricFamily("dra_driver_prepared_claims", "Claims prepared on this node.")
         claims.add_metric([], self._prepared())
         yield claims
+        if self._devices is not None:
+            devices = GaugeMetricFamily(
+                "dra_driver_prepared_devices", "Devices of the claims prepared on this node."
+            )
+            devices.add_metric([], self._devices())
+            yield devices
         healthy = GaugeMetricFamily(
             "dra_driver_device_healthy",
             "1 when the device is Healthy in the health stream to the kubelet, else 0.",
@@ -175,10 +184,16 @@ class PluginMetrics:
         health: Callable[[], Iterable[DeviceHealth]],
         pool: Callable[[], Pool],
         prepared_claims: Callable[[], int],
+        prepared_devices: Callable[[], int] | None = None,
     ) -> None:
         """Register the scrape-time view of the plugin's state (once, at start)."""
         self.registry.register(
-            _StateCollector(health=health, pool=pool, prepared_claims=prepared_claims)
+            _StateCollector(
+                health=health,
+                pool=pool,
+                prepared_claims=prepared_claims,
+                prepared_devices=prepared_devices,
+            )
         )
 
 

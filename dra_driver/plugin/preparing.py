@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
@@ -30,6 +31,7 @@ from typing import Any
 from dra_driver.errors import DriverError
 from dra_driver.logs import claim_logger
 from dra_driver.plugin.backend import DeviceBackend, ParallelClaims, PreparedDevice
+from dra_driver.plugin.claimevents import ClaimEvents
 from dra_driver.plugin.claims import ClaimError, ClaimRef, claim_from_object, validate_ref
 from dra_driver.plugin.sockets import FileLock
 
@@ -68,9 +70,12 @@ class ClaimService:
         lock_file: FileLock | None = None,
         parallel: bool | None = None,
         max_workers: int = 16,
+        events: ClaimEvents | None = None,
     ) -> None:
         """``lock_file`` (rolling-update mode) is used only for backends that run one
-        claim at a time; ``parallel=False`` forces that mode for any backend."""
+        claim at a time; ``parallel=False`` forces that mode for any backend. ``events``
+        hears every outcome (metrics, claim status, the prepared-claim book)."""
+        self._events = events
         self._driver = driver_name
         self._pool = pool_name
         self._backend = backend
@@ -127,6 +132,7 @@ class ClaimService:
 
     def _prepare_one(self, ref: ClaimRef) -> ClaimOutcome:
         log = claim_logger(self._log, ref.uid, ref.namespace, ref.name)
+        started = time.perf_counter()
         try:
             validate_ref(ref)
             try:
@@ -140,24 +146,38 @@ class ClaimService:
                 devices = self._backend.prepare(claim)
         except DriverError as exc:
             log.warning("prepare failed: %s", exc)
+            self._failed("prepare", ref, exc, started)
             return ClaimOutcome(error=str(exc))
         except Exception as exc:
             log.exception("prepare failed unexpectedly")
+            self._failed("prepare", ref, exc, started)
             return ClaimOutcome(error=f"internal error preparing claim {ref}: {exc!r}")
         log.info("prepared %d device(s)", len(devices))
-        return ClaimOutcome(devices=tuple(_base_names(d) for d in devices))
+        outcome = ClaimOutcome(devices=tuple(_base_names(d) for d in devices))
+        if self._events is not None:
+            self._events.prepared(ref, obj, outcome.devices, time.perf_counter() - started)
+        return outcome
+
+    def _failed(self, operation: str, ref: ClaimRef, exc: BaseException, started: float) -> None:
+        if self._events is not None:
+            self._events.failed(operation, ref, exc, time.perf_counter() - started)
 
     def _unprepare_one(self, ref: ClaimRef) -> ClaimOutcome:
         log = claim_logger(self._log, ref.uid, ref.namespace, ref.name)
+        started = time.perf_counter()
         try:
             validate_ref(ref)
             with self._ordered(ref.uid):
                 self._backend.unprepare(ref)
         except DriverError as exc:
             log.warning("unprepare failed: %s", exc)
+            self._failed("unprepare", ref, exc, started)
             return ClaimOutcome(error=str(exc))
         except Exception as exc:
             log.exception("unprepare failed unexpectedly")
+            self._failed("unprepare", ref, exc, started)
             return ClaimOutcome(error=f"internal error unpreparing claim {ref}: {exc!r}")
         log.info("unprepared")
+        if self._events is not None:
+            self._events.unprepared(ref, time.perf_counter() - started)
         return ClaimOutcome()

@@ -1,0 +1,122 @@
+"""Flags of the kubelet plugin for health, metrics, usage and claim status (each with an
+environment twin), and what they turn into: the health policy and the metrics registry.
+
+Kept apart from the command's other flags so the daemon's composition root stays short.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from dra_driver.gpu.health import HealthPolicy
+
+_DEFAULT_IGNORED = "13,31,43,45,68,109"
+
+
+def _bool(text: str) -> bool:
+    value = text.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"{text!r} is not a boolean: use true or false")
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds >= 0")
+    return value
+
+
+def _positive(text: str) -> float:
+    value = _seconds(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be more than 0 seconds")
+    return value
+
+
+def _xids(text: str) -> frozenset[int]:
+    try:
+        values = frozenset(int(x) for x in text.replace(" ", "").split(",") if x)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a comma-separated list of Xid numbers, e.g. {_DEFAULT_IGNORED}"
+        ) from None
+    if any(v <= 0 for v in values):
+        raise argparse.ArgumentTypeError(f"{text!r}: Xids are positive numbers")
+    return values
+
+
+def _env(name: str, default: str) -> str:
+    return os.environ.get(name) or default
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("health, metrics and claim status")
+    group.add_argument(
+        "--health-monitor", type=_bool, default=_env("HEALTH_MONITOR", "true"),
+        help="watch GPUs through NVML events and checks and taint faulty devices "
+        "(env HEALTH_MONITOR; default %(default)s)",
+    )  # fmt: skip
+    group.add_argument(
+        "--ignored-xids", type=_xids, default=_env("IGNORED_XIDS", _DEFAULT_IGNORED),
+        help="Xids that are application errors, logged but never tainted "
+        "(env IGNORED_XIDS; default %(default)s)",
+    )  # fmt: skip
+    group.add_argument(
+        "--healthy-period", type=_seconds, default=_env("HEALTHY_PERIOD", "60"),
+        help="seconds a GPU must answer every check, with no NVML recovery action pending, "
+        "before its taints clear (env HEALTHY_PERIOD; default %(default)s)",
+    )  # fmt: skip
+    group.add_argument(
+        "--health-check-interval", type=_positive, default=_env("HEALTH_CHECK_INTERVAL", "5"),
+        help="seconds between checks of what NVML events cannot report: GPU off the bus, "
+        "recovery action, ECC counters (env HEALTH_CHECK_INTERVAL; default %(default)s)",
+    )  # fmt: skip
+    group.add_argument(
+        "--fatal-taint-effect", choices=("NoSchedule", "NoExecute"),
+        default=_env("FATAL_TAINT_EFFECT", "NoSchedule"),
+        help="taint effect of fatal faults (Xid 48/79/95/..., double-bit ECC, lost GPU, reset "
+        "pending); NoExecute also evicts running pods (env FATAL_TAINT_EFFECT; default "
+        "%(default)s)",
+    )  # fmt: skip
+    group.add_argument(
+        "--numa-attribute-form", choices=("scalar", "list"),
+        default=_env("NUMA_ATTRIBUTE_FORM", "scalar"),
+        help="form of resource.kubernetes.io/numaNode: scalar (int) or list (ints; needs the "
+        "DRAListTypeAttributes gate) (env NUMA_ATTRIBUTE_FORM; default %(default)s)",
+    )  # fmt: skip
+    group.add_argument(
+        "--metrics", type=_bool, default=_env("METRICS", "true"),
+        help="serve Prometheus /metrics on the health port (env METRICS; default %(default)s)",
+    )  # fmt: skip
+    group.add_argument(
+        "--usage-interval", type=_seconds, default=_env("USAGE_INTERVAL", "10"),
+        help="seconds between per-claim GPU usage samples for /metrics; 0 = off "
+        "(env USAGE_INTERVAL; default %(default)s)",
+    )  # fmt: skip
+    group.add_argument(
+        "--claim-status", type=_bool, default=_env("CLAIM_STATUS", "true"),
+        help="write our devices into ResourceClaim status.devices (KEP-4817) "
+        "(env CLAIM_STATUS; default %(default)s)",
+    )  # fmt: skip
+
+
+def health_policy(args: argparse.Namespace) -> HealthPolicy | None:
+    from dra_driver.gpu.health import HealthPolicy
+
+    if not args.health_monitor:
+        return None
+    return HealthPolicy(
+        ignored_xids=args.ignored_xids,
+        healthy_period_s=args.healthy_period,
+        check_interval_s=args.health_check_interval,
+        fatal_effect=args.fatal_taint_effect,
+    )
