@@ -101,3 +101,24 @@ def test_write_failures_are_logged_and_retried_never_raised(caplog) -> None:
     assert w.refresh() == 1 and len(applied) == 1
     down.append(True)
     w.unprepared(REF)  # does not raise either
+
+
+def test_error_reasons_are_the_most_specific_known_cause() -> None:
+    from dra_driver.errors import DriverError
+    from dra_driver.plugin.backend import PrepareError
+    from dra_driver.plugin.claimevents import reason_of
+    from dra_driver.plugin.claims import ClaimError
+
+    class ConfigError(DriverError):  # the GPU layer's class, matched by name
+        pass
+
+    try:
+        try:
+            raise ConfigError("sharing.strategy: 'Timeslicing' is not allowed")
+        except ConfigError as inner:
+            raise PrepareError("prepare claim x: bad config") from inner
+    except PrepareError as outer:
+        assert reason_of(outer) == "config"
+    assert reason_of(ClaimError("claim ml/x not found")) == "claim"
+    assert reason_of(PrepareError("something")) == "backend"
+    assert reason_of(RuntimeError("bug")) == "internal"
