@@ -115,7 +115,7 @@ class GpuDriver:
             UsageSampler(
                 nvml=Nvml(observer=nvml_observer),
                 host=host,
-                targets=lambda: targets_for(self._claims(), self.inventory()),
+                targets=lambda: targets_for(self._claims(), self.inventory(), self._sharing()),
                 interval_s=usage_interval_s,
                 logger=logger.getChild("usage"),
             )
@@ -190,6 +190,10 @@ class GpuDriver:
             self._usage.stop()
         if self._monitor is not None:
             self._monitor.stop()
+
+    def _sharing(self) -> dict[str, str]:
+        names = {"MPS": "mps", "TimeSlicing": "time-slicing"}
+        return {uid: names.get(s, "exclusive") for uid, s in self._preparer.strategies().items()}
 
     def watch_claims(self, claims: Callable[[], list[PreparedClaim]]) -> None:
         """The plugin's prepared claims (devices and pods), for per-claim usage metrics."""

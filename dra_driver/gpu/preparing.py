@@ -204,6 +204,14 @@ class ClaimPreparer:
                 for uid, e in sorted(loaded.checkpoint.claims.items())
             ]
 
+    def strategies(self) -> dict[str, str]:
+        """Claim UID -> name of the sharing strategy of its first unit (usage labels)."""
+        with self._errors("read claim strategies"), self._store.transaction() as loaded:
+            return {
+                uid: (e.units[0].strategy if e.units else "Exclusive")
+                for uid, e in loaded.checkpoint.claims.items()
+            }
+
     def recover(self) -> None:
         """At start: finish interrupted teardowns, roll back interrupted prepares, release
         shared resources without users. Failures are logged; the claim's next call retries."""

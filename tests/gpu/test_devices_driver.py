@@ -122,3 +122,46 @@ def test_health_marks_tainted_degraded_devices_unhealthy(make_node, tmp_path: Pa
         ("node-a", "gpu-2"): ("Healthy", ""),
         ("node-a", "gpu-3"): ("Unhealthy", "GPU degraded: an NVML query failed"),
     }
+
+
+def test_per_claim_usage_labels_the_sharing_strategy(make_node, tmp_path: Path) -> None:
+    """The usage sampler's targets carry how each prepared claim shares its GPU."""
+    from prometheus_client import CollectorRegistry
+
+    from dra_driver.plugin.claimbook import PreparedClaim
+    from dra_driver.plugin.claims import OpaqueConfig
+
+    node = make_node("l4-x4")
+    with node.nvml():
+        tools = gputools.install(node.bin_dir, tmp_path / "tools.jsonl")
+        driver = GpuDriver(
+            driver_name="gpu.nvidia.com", discover=lambda: discover(node.host, LOG),
+            host=node.host, cdi_dir=tmp_path / "cdi", state_dir=tmp_path / "state",
+            tools=GpuTools(nvidia_smi=tools["nvidia-smi"],
+                           mps_control=tools["nvidia-cuda-mps-control"]),
+            logger=LOG, pool_name="node-a", registry=CollectorRegistry(), health_policy=None,
+        )  # fmt: skip
+        sliced = OpaqueConfig(source="FromClaim", requests=(), parameters={
+            "apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig",
+            "sharing": {"strategy": "TimeSlicing"}})  # fmt: skip
+        claims = [
+            Claim(ref=ClaimRef("ns", "plain", UID),
+                  devices=(AllocatedDevice(request="gpu", pool="node-a", device="gpu-0"),)),
+            Claim(ref=ClaimRef("ns", "sliced", UID.replace("6f", "7f")),
+                  devices=(AllocatedDevice(request="gpu", pool="node-a", device="gpu-1"),),
+                  configs=(sliced,)),
+        ]  # fmt: skip
+        for c in claims:
+            driver.prepare(c)
+        driver.watch_claims(lambda: [
+            PreparedClaim(c.ref, ((c.devices[0].device, None),), (("p", "uid"),)) for c in claims
+        ])  # fmt: skip
+        assert driver.usage is not None
+        driver.start_background(lambda: None)
+        try:
+            targets = {s.target.claim: s.target.sharing for s in driver.usage.sample_once()}
+        finally:
+            driver.stop_background()
+        assert targets == {"plain": "exclusive", "sliced": "time-slicing"}
+        for c in claims:
+            driver.unprepare(c.ref)
