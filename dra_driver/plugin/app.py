@@ -250,6 +250,7 @@ class KubeletPlugin:
                 metrics=self.metrics.operations if self.metrics is not None else None,
                 status=status,
                 book=book,
+                changed=self._keeper.trigger,
             ),
         )
         self._hub = HealthHub(

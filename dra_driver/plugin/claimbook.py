@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
@@ -111,9 +112,10 @@ class ClaimUsage(Protocol):
 
 
 class ClaimKeeper:
-    """Background thread ``claim-book``: rebuilds the book from the backend at start, then
-    every ``interval_s`` (or when triggered, e.g. after a health change) re-reads the pods
-    of the prepared claims and re-applies claim status entries that changed."""
+    """Background thread ``claim-book``: rebuilds the book from the backend at start and
+    re-reads the pods of the prepared claims every ``interval_s``; writes claim status
+    (new claims, removals, changed health) whenever triggered (after every prepare,
+    unprepare and health change) and at each interval."""
 
     def __init__(
         self,
@@ -145,18 +147,20 @@ class ClaimKeeper:
         self._trigger.set()
 
     def _loop(self) -> None:
-        reload = True
+        reload, due = True, 0.0
         while not self._stop.is_set():
             try:
-                if reload:
-                    self._book.reload(self._prepared())
-                    reload = False
-                else:
-                    self._book.refresh()
+                if time.monotonic() >= due:
+                    if reload:
+                        self._book.reload(self._prepared())
+                        reload = False
+                    else:
+                        self._book.refresh()
+                    due = time.monotonic() + self._interval_s
                 if self._status is not None:
                     self._status.refresh()
             except Exception:
                 self._log.exception("claim book refresh failed; retrying")
-                reload = True
-            self._trigger.wait(self._interval_s)
+                reload, due = True, 0.0
+            self._trigger.wait(max(0.0, due - time.monotonic()))
             self._trigger.clear()

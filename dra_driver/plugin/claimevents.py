@@ -9,7 +9,7 @@ affects the kubelet's answer: its errors are logged and swallowed here.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from dra_driver.plugin.backend import PreparedDevice
@@ -71,11 +71,15 @@ class ClaimActivity:
         metrics: OperationMetrics | None = None,
         status: ClaimStatusWriter | None = None,
         book: PreparedClaimBook | None = None,
+        changed: Callable[[], None] = lambda: None,
     ) -> None:
+        """``changed`` is called after every prepare and unprepare (the plugin wakes the
+        thread that writes claim status)."""
         self._log = logger
         self._metrics = metrics
         self._status = status
         self._book = book
+        self._changed = changed
 
     def prepared(
         self, ref: ClaimRef, obj: dict[str, Any], devices: Sequence[PreparedDevice], seconds: float
@@ -87,6 +91,7 @@ class ClaimActivity:
                 self._book.prepared(ref, obj)
             if self._status is not None:
                 self._status.prepared(ref, devices)
+            self._changed()
         except Exception:
             self._log.exception("recording a prepared claim failed", extra={"claim_uid": ref.uid})
 
@@ -98,6 +103,7 @@ class ClaimActivity:
                 self._book.unprepared(ref)
             if self._status is not None:
                 self._status.unprepared(ref)
+            self._changed()
         except Exception:
             self._log.exception(
                 "recording an unprepared claim failed", extra={"claim_uid": ref.uid}

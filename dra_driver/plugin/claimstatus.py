@@ -13,8 +13,10 @@ re-created claim of the same name is not written to.
 RBAC (deploy/rbac): ``resourceclaims/status`` ``patch`` plus the synthetic
 ``resourceclaims/driver`` ``associated-node:patch`` for our driver name only:
 a node's plugin can write status only for claims allocated on its own node.
-Writing status is informational: a failure is logged and retried on the next
-health change or at the periodic refresh, never fails a prepare.
+Writing status is informational and asynchronous: prepare and unprepare only
+note the claim, the plugin's ``claim-book`` thread writes right after (and
+retries a failure at the next health change or periodic refresh), so the
+kubelet's call never waits for it.
 """
 
 from __future__ import annotations
@@ -84,6 +86,7 @@ class ClaimStatusWriter:
         self._lock = threading.Lock()
         self._claims: dict[str, tuple[ClaimRef, tuple[PreparedDevice, ...]]] = {}
         self._written: dict[str, Obj] = {}
+        self._removals: dict[str, ClaimRef] = {}
         self._since: dict[tuple[str, str, str, str], tuple[str, str]] = {}
         """(claim uid, device, share id, condition type) -> (status, lastTransitionTime)."""
 
@@ -142,34 +145,42 @@ class ClaimStatusWriter:
             return False
 
     def prepared(self, ref: ClaimRef, devices: Sequence[PreparedDevice]) -> None:
-        """Write our entries for a claim just prepared (and remember it for refreshes)."""
+        """Note a claim just prepared; :meth:`refresh` writes its entries (no API call here,
+        so a prepare never waits for the status write)."""
         with self._lock:
             self._claims[ref.uid] = (ref, tuple(devices))
-            body = self._body(ref, self._entries(ref, devices))
-            if self._write(ref, body):
-                self._written[ref.uid] = body
+            self._removals.pop(ref.uid, None)
 
     def unprepared(self, ref: ClaimRef) -> None:
-        """Remove our entries (the claim may be gone already: nothing to do then)."""
+        """Note a claim unprepared; :meth:`refresh` removes its entries."""
         with self._lock:
             self._claims.pop(ref.uid, None)
             self._written.pop(ref.uid, None)
             self._since = {k: v for k, v in self._since.items() if k[0] != ref.uid}
-            try:
-                self._apply(ref.namespace, ref.name, self._body(ref, []))
-            except Exception as exc:
-                self._log.warning(
-                    "cannot remove claim status devices: %s", exc,
-                    extra={"claim_uid": ref.uid, "namespace": ref.namespace, "claim": ref.name},
-                )  # fmt: skip
+            self._removals[ref.uid] = ref
 
     def refresh(self) -> int:
-        """Re-apply entries that changed (device health) or failed before; returns writes."""
-        writes = 0
+        """Remove entries of unprepared claims, write those of new claims and those that
+        changed (device health) or failed before; returns the writes made. API calls are
+        made outside the lock, so prepare and unprepare never wait for them."""
         with self._lock:
-            for uid, (ref, devices) in list(self._claims.items()):
-                body = self._body(ref, self._entries(ref, devices))
-                if self._written.get(uid) != body and self._write(ref, body):
-                    self._written[uid] = body
-                    writes += 1
-        return writes
+            removals = list(self._removals.values())
+            writes = [
+                (uid, ref, self._body(ref, self._entries(ref, devices)))
+                for uid, (ref, devices) in self._claims.items()
+            ]
+            writes = [w for w in writes if self._written.get(w[0]) != w[2]]
+        done = 0
+        for ref in removals:
+            if self._write(ref, self._body(ref, [])):  # a deleted claim counts as done
+                done += 1
+                with self._lock:
+                    if self._removals.get(ref.uid) is ref:
+                        del self._removals[ref.uid]
+        for uid, ref, body in writes:
+            if self._write(ref, body):
+                done += 1
+                with self._lock:
+                    if uid in self._claims:
+                        self._written[uid] = body
+        return done

@@ -1,5 +1,6 @@
 """The claim status writer: our status.devices entries (Ready, Healthy, device data), stable
-transition times, re-applied only on change, removed at unprepare, never failing a prepare."""
+transition times, re-applied only on change, removed at unprepare, never failing or delaying
+a prepare (the writes happen in refresh, on the plugin's background thread)."""
 
 from __future__ import annotations
 
@@ -46,7 +47,10 @@ def writer(applied: list, reporter=None, clock=None, fail=()) -> ClaimStatusWrit
 
 def test_prepare_writes_our_entries_with_uid_precondition() -> None:
     applied: list = []
-    writer(applied, Reporter()).prepared(REF, [DEV, SHARED])
+    w = writer(applied, Reporter())
+    w.prepared(REF, [DEV, SHARED])
+    assert applied == []  # nothing on the prepare path itself
+    assert w.refresh() == 1
     ((ns, name, body),) = applied
     assert (ns, name) == ("ml", "train")
     assert body["metadata"] == {"name": "train", "namespace": "ml", "uid": REF.uid}
@@ -72,6 +76,7 @@ def test_refresh_applies_only_changes_and_keeps_transition_times() -> None:
     reporter = Reporter()
     w = writer(applied, reporter)
     w.prepared(REF, [DEV])
+    w.refresh()
     ready_since = applied[0][2]["status"]["devices"][0]["conditions"][0]["lastTransitionTime"]
     assert w.refresh() == 0 and len(applied) == 1  # nothing changed: no write
     reporter.healthy = False
@@ -86,7 +91,9 @@ def test_unprepare_removes_our_entries_and_forgets_the_claim() -> None:
     applied: list = []
     w = writer(applied, Reporter())
     w.prepared(REF, [DEV])
+    w.refresh()
     w.unprepared(REF)
+    assert w.refresh() == 1
     assert applied[-1][2]["status"] == {"devices": []}
     assert w.refresh() == 0
 
@@ -95,12 +102,16 @@ def test_write_failures_are_logged_and_retried_never_raised(caplog) -> None:
     applied: list = []
     down = [True]
     w = writer(applied, Reporter(), fail=down)
-    w.prepared(REF, [DEV])  # does not raise
+    w.prepared(REF, [DEV])
+    assert w.refresh() == 0  # does not raise
     assert "cannot write claim status devices" in caplog.text and applied == []
     down.clear()  # the API server is back: the next refresh writes it
     assert w.refresh() == 1 and len(applied) == 1
     down.append(True)
-    w.unprepared(REF)  # does not raise either
+    w.unprepared(REF)
+    assert w.refresh() == 0  # the removal failed: kept for the next refresh
+    down.clear()
+    assert w.refresh() == 1 and applied[-1][2]["status"] == {"devices": []}
 
 
 def test_error_reasons_are_the_most_specific_known_cause() -> None:
