@@ -190,3 +190,15 @@ def test_versions_are_strict_semver() -> None:
     assert driver_semver("580.95.05-beta.1") == Version("580.95.5")
     assert semver(9, 0) == Version("9.0.0")
     assert semver(13, 0) == Version("13.0.0")
+
+
+def test_me_profiles_are_named_as_nvidia_names_them(make_node, discover_node, tmp_path) -> None:
+    profile = tmp_path / "me.yaml"
+    profile.write_text(
+        'name: me\ndriverVersion: "580.95.05"\ncudaDriverVersion: 13000\ngpus:\n'
+        "  - model: A100-SXM4-80GB\n    busId: '0000:07:00.0'\n    pcieRoot: pci0000:00\n"
+        "    migEnabled: true\n    migInstances: [{profile: 1g.10gb+me, start: 0, giId: 7}]\n"
+    )
+    (me,) = _pool(make_node, discover_node, profile).devices
+    assert me.name == "gpu-0-mig-1g10gb-me-20-0"
+    assert me.attributes["profile"] == "1g.10gb+me"
