@@ -37,9 +37,9 @@ def add_host_arguments(parser: argparse.ArgumentParser) -> None:
         "--emulate",
         metavar="PROFILE",
         default=os.environ.get("DRA_EMULATE") or None,
-        help="emulate a GPU node: built-in profile (dgx-a100, dgx-a100-mig, dgx-h100, h200, "
-        "l4-x4, t4, a100-pcie-nvlink, hgx-h100-fabric) or a profile YAML file; no GPU or "
-        "driver needed (env DRA_EMULATE)",
+        help="emulate a GPU node: built-in profile (dgx-a100, dgx-a100-mig, dgx-a100-mig-on, "
+        "dgx-h100, h100-l4-mixed, h200, l4-x4, t4, a100-pcie-nvlink, hgx-h100-fabric) or a "
+        "profile YAML file; no GPU or driver needed (env DRA_EMULATE)",
     )
     parser.add_argument(
         "--host-root",

@@ -26,7 +26,15 @@ from typing import TypeVar
 
 from dra_driver.errors import DriverError
 from dra_driver.gpu.hostpaths import HostPaths
-from dra_driver.gpu.inventory import Gpu, Inventory, MigInstance, MigPlacement, MigProfile, PciInfo
+from dra_driver.gpu.inventory import (
+    Gpu,
+    Inventory,
+    MigGpuInstance,
+    MigInstance,
+    MigPlacement,
+    MigProfile,
+    PciInfo,
+)
 from dra_driver.gpu.nvml import NVML_GPU_INSTANCE_PROFILE_COUNT, Handle, Nvml, NvmlError
 from dra_driver.gpu.topology import fabric_membership, numa_affinity, nvlink_info
 
@@ -218,6 +226,7 @@ def _discover_gpu(nvml: Nvml, host: HostPaths, index: int, logger: logging.Logge
     mig_mode = probe.optional("MIG mode", lambda: nvml.mig_mode(handle), None)
     profiles: tuple[MigProfile, ...] = ()
     instances: tuple[MigInstance, ...] = ()
+    gpu_instances: tuple[MigGpuInstance, ...] = ()
     if mig_mode is not None:
         profiles = probe.optional("MIG profiles", lambda: _mig_profiles(nvml, handle), ())
         if mig_mode[0]:
@@ -225,6 +234,9 @@ def _discover_gpu(nvml: Nvml, host: HostPaths, index: int, logger: logging.Logge
                 "MIG devices",
                 lambda: _mig_instances(nvml, host, handle, probe, profiles, uuid, index, minor),
                 (),
+            )
+            gpu_instances = probe.optional(
+                "GPU instances", lambda: _gpu_instances(nvml, handle, profiles), ()
             )
     gpu = Gpu(
         index=index,
@@ -245,6 +257,7 @@ def _discover_gpu(nvml: Nvml, host: HostPaths, index: int, logger: logging.Logge
         mig_instances=instances,
         nvlink=probe.optional("NVLink", lambda: nvlink_info(nvml, handle), None),
         fabric=probe.optional("GPU fabric", lambda: fabric_membership(nvml, handle), None),
+        mig_gpu_instances=gpu_instances,
         error="; ".join(probe.errors) or None,
         warnings=tuple(probe.warnings),
     )
@@ -293,9 +306,21 @@ def _mig_profiles(nvml: Nvml, handle: Handle) -> tuple[MigProfile, ...]:
                 jpeg_engines=info.jpeg_engines,
                 ofa_engines=info.ofa_engines,
                 placements=tuple(MigPlacement(start=s, size=n) for s, n in placements),
+                instance_count=info.instance_count,
             )
         )
     return tuple(profiles)
+
+
+def _gpu_instances(
+    nvml: Nvml, handle: Handle, profiles: tuple[MigProfile, ...]
+) -> tuple[MigGpuInstance, ...]:
+    found = []
+    for profile in profiles:
+        for gi in nvml.gpu_instances(handle, profile.gi_profile_id):
+            gi_id, profile_id, start, size = nvml.gpu_instance_info(gi)
+            found.append(MigGpuInstance(gi_id, profile_id, MigPlacement(start=start, size=size)))
+    return tuple(sorted(found, key=lambda g: g.gi_id))
 
 
 def _mig_instances(

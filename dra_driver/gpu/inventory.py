@@ -34,6 +34,9 @@ class MigProfile:
     jpeg_engines: int
     ofa_engines: int
     placements: tuple[MigPlacement, ...] = ()
+    instance_count: int = 0
+    """How many instances of this profile the GPU takes at most (NVML ``instanceCount``;
+    1 for ``+me`` profiles, which hold the GPU's only media-engine set); 0 = unknown."""
 
 
 @dataclass(frozen=True)
@@ -52,6 +55,16 @@ class MigInstance:
     """Minor of ``/dev/nvidia-caps/nvidia-cap<N>`` granting access to the GI."""
     ci_cap_minor: int | None = None
     """Minor of ``/dev/nvidia-caps/nvidia-cap<N>`` granting access to the CI."""
+
+
+@dataclass(frozen=True)
+class MigGpuInstance:
+    """A GPU instance that exists, with or without compute instances (which MIG devices
+    need): what occupies the GPU's memory slices."""
+
+    gi_id: int
+    gi_profile_id: int
+    placement: MigPlacement
 
 
 @dataclass(frozen=True)
@@ -104,6 +117,8 @@ class Gpu:
     mig_instances: tuple[MigInstance, ...] = ()
     nvlink: NvLinkInfo | None = None
     fabric: FabricMembership | None = None
+    mig_gpu_instances: tuple[MigGpuInstance, ...] = ()
+    """Every existing GPU instance (read in MIG mode), including those without a CI."""
     error: str | None = None
     """Set when some NVML/sysfs query failed; the GPU is listed but marked degraded."""
     warnings: tuple[str, ...] = ()

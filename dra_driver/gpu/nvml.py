@@ -282,3 +282,64 @@ class Nvml(MonitoringCalls):
         ci = self._call("nvmlGpuInstanceGetComputeInstanceById", fn, gi, ci_id)
         info = self._call("nvmlComputeInstanceGetInfo", self._nv.nvmlComputeInstanceGetInfo, ci)
         return int(info.profileId)
+
+    def gpu_instances(self, handle: Handle, profile_id: int) -> list[Handle]:
+        """Handles of the GPU's existing GPU instances of one GI profile."""
+        array = (self._nv.c_nvmlGpuInstance_t * _MAX_PLACEMENTS)()
+        count = ctypes.c_uint(_MAX_PLACEMENTS)
+        fn = self._nv.nvmlDeviceGetGpuInstances
+        self._call("nvmlDeviceGetGpuInstances", fn, handle, profile_id, array, ctypes.byref(count))
+        return [array[i] for i in range(count.value)]
+
+    def compute_instances(self, gi: Handle, ci_profile_id: int) -> list[Handle]:
+        """Handles of a GPU instance's compute instances of one CI profile."""
+        array = (self._nv.c_nvmlComputeInstance_t * _MAX_PLACEMENTS)()
+        count = ctypes.c_uint(_MAX_PLACEMENTS)
+        fn = self._nv.nvmlGpuInstanceGetComputeInstances
+        self._call(
+            "nvmlGpuInstanceGetComputeInstances", fn, gi, ci_profile_id, array, ctypes.byref(count)
+        )
+        return [array[i] for i in range(count.value)]
+
+    def compute_instance_by_id(self, gi: Handle, ci_id: int) -> Handle:
+        fn = self._nv.nvmlGpuInstanceGetComputeInstanceById
+        return self._call("nvmlGpuInstanceGetComputeInstanceById", fn, gi, ci_id)
+
+    def compute_instance_info(self, ci: Handle) -> tuple[int, int, Handle]:
+        """``(ci_id, ci_profile_id, MIG device handle)``."""
+        info = self._call("nvmlComputeInstanceGetInfo", self._nv.nvmlComputeInstanceGetInfo, ci)
+        return int(info.id), int(info.profileId), info.device
+
+    def ci_profile_id(self, gi: Handle, ci_profile: int) -> int:
+        """The ID of CI profile ``NVML_COMPUTE_INSTANCE_PROFILE_<x>`` (index) on this GI."""
+        fn = self._nv.nvmlGpuInstanceGetComputeInstanceProfileInfo
+        info = self._call("nvmlGpuInstanceGetComputeInstanceProfileInfo", fn, gi, ci_profile, 0)
+        return int(info.id)
+
+    # ---- MIG changes (dynamic MIG; root only) ----
+    def create_gpu_instance(self, handle: Handle, profile_id: int, start: int, size: int) -> Handle:
+        """A GPU instance of ``profile_id`` at exactly memory slices ``[start, start+size)``.
+
+        ``NVML_ERROR_INSUFFICIENT_RESOURCES`` when the placement is taken.
+        """
+        placement = self._nv.c_nvmlGpuInstancePlacement_t()
+        placement.start, placement.size = start, size
+        fn = self._nv.nvmlDeviceCreateGpuInstanceWithPlacement
+        return self._call(
+            "nvmlDeviceCreateGpuInstanceWithPlacement",
+            fn,
+            handle,
+            profile_id,
+            ctypes.byref(placement),
+        )
+
+    def destroy_gpu_instance(self, gi: Handle) -> None:
+        """Fails with ``NVML_ERROR_IN_USE`` while the GI still has compute instances."""
+        self._call("nvmlGpuInstanceDestroy", self._nv.nvmlGpuInstanceDestroy, gi)
+
+    def create_compute_instance(self, gi: Handle, ci_profile_id: int) -> Handle:
+        fn = self._nv.nvmlGpuInstanceCreateComputeInstance
+        return self._call("nvmlGpuInstanceCreateComputeInstance", fn, gi, ci_profile_id)
+
+    def destroy_compute_instance(self, ci: Handle) -> None:
+        self._call("nvmlComputeInstanceDestroy", self._nv.nvmlComputeInstanceDestroy, ci)

@@ -7,6 +7,8 @@ NVML_ERROR_INVALID_ARGUMENT = 2
 NVML_ERROR_NOT_SUPPORTED = 3
 NVML_ERROR_NOT_FOUND = 6
 NVML_ERROR_TIMEOUT = 10
+NVML_ERROR_IN_USE = 19
+NVML_ERROR_INSUFFICIENT_RESOURCES = 23
 NVML_ERROR_FUNCTION_NOT_FOUND = 13
 NVML_ERROR_GPU_IS_LOST = 15
 NVML_ERROR_UNKNOWN = 999
@@ -24,6 +26,11 @@ class NvmlError(Exception):
     def not_supported(self) -> bool:
         """The GPU or driver lacks the feature: an absent value, not a fault."""
         return self.code in (NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_FUNCTION_NOT_FOUND)
+
+    @property
+    def insufficient_resources(self) -> bool:
+        """A MIG placement is taken (or the profile's instance count is reached)."""
+        return self.code == NVML_ERROR_INSUFFICIENT_RESOURCES
 
     @property
     def gpu_lost(self) -> bool:

@@ -135,6 +135,10 @@ def _validate_device(i: int, d: Device, sets: dict[str, CounterSet], problems: l
         if use.counter_set in seen:
             problems.append(f"{where}.counterSet: {use.counter_set!r} listed twice")
         seen.add(use.counter_set)
+        if not 1 <= len(use.counters) <= MAX_COUNTERS_PER_SET:
+            problems.append(
+                f"{where}.counters: {len(use.counters)} counters; allowed 1..{MAX_COUNTERS_PER_SET}"
+            )
         target = sets.get(use.counter_set)
         if target is None:
             problems.append(
@@ -287,6 +291,8 @@ def content_to_api(content: SliceContent) -> dict[str, Any]:
                 for cs in content.counter_sets
             ]
         }
+    if not content.devices:  # "driver up, no devices": the server would drop an empty list
+        return {}
     return {"devices": [device_to_api(d) for d in content.devices]}
 
 

@@ -165,6 +165,14 @@ def test_device_attributes_map_to_api_types() -> None:
             "set 's' has no such counter",
             id="dangling-counter",
         ),
+        pytest.param(
+            Pool(
+                counter_sets=(CounterSet("s", {"memory": "1"}),),
+                devices=(Device("a", consumes_counters=(CounterConsumption("s", {}),)),),
+            ),
+            "consumesCounters[0].counters: 0 counters; allowed 1..32",
+            id="empty-consumption",
+        ),
     ],
 )
 def test_validation_names_field_and_rule(pool: Pool, expected: str) -> None:

@@ -21,6 +21,7 @@ pointed at this tree they see what they would see on the emulated node:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 import uuid
@@ -173,16 +174,7 @@ def write_host_tree(
         _write(host.proc("driver", "nvidia", "gpus", gpu.bus_id, "information"),
                _information(gpu, version), 0o444)  # fmt: skip
         _device_node(host.dev(f"nvidia{gpu.minor}"), NVIDIA_MAJOR, gpu.minor, char_nodes)
-        for mig in gpu.mig_instances:
-            gi_minor = gi_cap_minor(gpu.minor, mig.gi_id)
-            ci_minor = ci_cap_minor(gpu.minor, mig.gi_id, mig.ci_id)
-            gi_dir = caps / f"gpu{gpu.minor}" / "mig" / f"gi{mig.gi_id}"
-            _write(gi_dir / "access", _cap_file(gi_minor), 0o444)
-            _write(gi_dir / f"ci{mig.ci_id}" / "access", _cap_file(ci_minor), 0o444)
-            _device_node(host.dev("nvidia-caps", f"nvidia-cap{gi_minor}"), CAPS_MAJOR, gi_minor,
-                         char_nodes, 0o444)  # fmt: skip
-            _device_node(host.dev("nvidia-caps", f"nvidia-cap{ci_minor}"), CAPS_MAJOR, ci_minor,
-                         char_nodes, 0o444)  # fmt: skip
+        # The MIG instances' capability entries follow the instances (migstate.MigState).
 
     lib_dir = host.driver(str(LIB_DIR))
     lib_dir.mkdir(parents=True, exist_ok=True)
@@ -203,6 +195,60 @@ def write_host_tree(
         if not path.exists():  # never clobber an emulated tool installed by the preparation side
             _write(path, _PLACEHOLDER_TOOL, 0o755)
     return host
+
+
+def _mig_cap_paths(
+    host: HostPaths, gpu_minor: int, gi_id: int, ci_id: int | None
+) -> tuple[Path, Path]:
+    """``(procfs access file, /dev node)`` of a GI's or CI's capability."""
+    access = host.proc("driver", "nvidia", "capabilities", f"gpu{gpu_minor}", "mig", f"gi{gi_id}")
+    if ci_id is None:
+        minor = gi_cap_minor(gpu_minor, gi_id)
+    else:
+        access, minor = access / f"ci{ci_id}", ci_cap_minor(gpu_minor, gi_id, ci_id)
+    return access / "access", host.dev("nvidia-caps", f"nvidia-cap{minor}")
+
+
+def write_mig_caps(
+    host: HostPaths,
+    gpu_minor: int,
+    gi_id: int,
+    ci_id: int | None,
+    *,
+    device_node: bool = True,
+    proc: bool = True,
+    char_nodes: bool | None = None,
+) -> None:
+    """What the driver adds when a GI (``ci_id=None``) or CI is created: its capability's
+    procfs access file and, once nvidia-modprobe made it, its ``/dev/nvidia-caps`` node."""
+    access, node = _mig_cap_paths(host, gpu_minor, gi_id, ci_id)
+    minor = int(node.name.removeprefix("nvidia-cap"))
+    if proc:
+        _write(access, _cap_file(minor), 0o444)
+    if device_node:
+        if char_nodes is None:
+            char_nodes = os.geteuid() == 0
+        _device_node(node, CAPS_MAJOR, minor, char_nodes, 0o444)
+
+
+def remove_mig_caps(host: HostPaths, gpu_minor: int, gi_id: int | None, ci_id: int | None) -> None:
+    """What goes away when a CI, a GI, or (``gi_id=None``) every instance of a GPU is destroyed."""
+    mig_dir = host.proc("driver", "nvidia", "capabilities", f"gpu{gpu_minor}", "mig")
+    if gi_id is None:
+        gis = [int(d.name[2:]) for d in mig_dir.glob("gi*") if d.name[2:].isdigit()]
+        for gi in gis:
+            remove_mig_caps(host, gpu_minor, gi, None)
+        return
+    gi_dir = mig_dir / f"gi{gi_id}"
+    if ci_id is None:
+        cis = [int(d.name[2:]) for d in gi_dir.glob("ci*") if d.name[2:].isdigit()]
+        for ci in cis:
+            remove_mig_caps(host, gpu_minor, gi_id, ci)
+    access, node = _mig_cap_paths(host, gpu_minor, gi_id, ci_id)
+    access.unlink(missing_ok=True)
+    node.unlink(missing_ok=True)
+    with contextlib.suppress(OSError):
+        access.parent.rmdir()
 
 
 def remove_gpu_files(host: HostPaths, gpu: EmulatedGpu) -> None:

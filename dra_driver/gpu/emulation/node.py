@@ -30,6 +30,8 @@ from dra_driver.gpu.emulation.hosttree import (
     write_process_cgroup,
 )
 from dra_driver.gpu.emulation.library import EmulatedNvmlLibrary
+from dra_driver.gpu.emulation.migstate import STATE_FILE as MIG_STATE_FILE
+from dra_driver.gpu.emulation.migstate import MigState
 from dra_driver.gpu.emulation.profile import EmulatedProfile, load_profile
 from dra_driver.gpu.emulation.runtime import CONTROL_FILE, RECOVERY_ACTIONS, append_op, check_op
 from dra_driver.gpu.hostpaths import HostPaths
@@ -50,11 +52,19 @@ class EmulatedNode:
     library: EmulatedNvmlLibrary
 
     @classmethod
-    def create(cls, profile: str | Path | EmulatedProfile, root: Path) -> EmulatedNode:
+    def create(
+        cls,
+        profile: str | Path | EmulatedProfile,
+        root: Path,
+        *,
+        call_delays: dict[str, float] | None = None,
+    ) -> EmulatedNode:
         """Write the node's files under ``root`` (created if missing) for a profile name or file.
 
-        ``root`` may be empty, missing, or an earlier emulated node (refreshed in place);
-        anything else with a ``sys/`` directory is refused so a real host is never touched.
+        ``root`` may be empty, missing, or an earlier emulated node (refreshed in place:
+        MIG instances created since survive, as they survive a plugin restart on a real
+        node); anything else with a ``sys/`` directory is refused so a real host is never
+        touched. ``call_delays`` replaces the profile's ``callDelays``.
         """
         loaded = profile if isinstance(profile, EmulatedProfile) else load_profile(profile)
         root = Path(root)
@@ -68,8 +78,22 @@ class EmulatedNode:
         profile_file.parent.mkdir(parents=True, exist_ok=True)
         profile_file.write_text(loaded.source)
         (host.root / UNPLUGGED_FILE).unlink(missing_ok=True)
-        library = EmulatedNvmlLibrary(loaded, control_file=host.root / CONTROL_FILE)
+        mig = MigState(
+            loaded,
+            path=host.root / MIG_STATE_FILE,
+            host=host,
+            device_node_delay=loaded.device_node_delay,
+        )
+        mig.sync_host()
+        library = EmulatedNvmlLibrary(loaded, mig, control_file=host.root / CONTROL_FILE)
+        if call_delays is not None:
+            library.delays = dict(call_delays)
         return cls(profile=loaded, host=host, library=library)
+
+    @property
+    def mig(self) -> MigState:
+        """The GPU and compute instances that exist now (shared with other processes)."""
+        return self.library.mig
 
     @property
     def bin_dir(self) -> Path:
@@ -151,6 +175,8 @@ class EmulatedNode:
         """Give the node a new boot ID (what a reboot changes for checkpoints); returns it."""
         boot_id = str(uuid.uuid4())
         self.host.proc("sys", "kernel", "random", "boot_id").write_text(boot_id + "\n")
+        self.library.mig.reset()  # GPU instances do not survive a reboot
+        self.library.mig.sync_host()
         return boot_id
 
     @contextmanager

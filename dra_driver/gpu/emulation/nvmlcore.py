@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from dra_driver.gpu.emulation.profile import EmulatedGpu, EmulatedMigInstance, EmulatedProfile
+from dra_driver.gpu.emulation.profile import EmulatedGpu, EmulatedProfile
 from dra_driver.gpu.emulation.runtime import (
     EVENT_DOUBLE_BIT_ECC,
     EVENT_RECOVERY_ACTION,
@@ -30,6 +30,13 @@ from dra_driver.gpu.emulation.runtime import (
     check_op,
     process_from,
 )
+from dra_driver.gpu.emulation.migstate import (
+    ERROR_IN_USE,
+    ERROR_INSUFFICIENT_RESOURCES,
+    GpuInstance,
+    MigDevice,
+    MigState,
+)
 
 # NVML return codes (nvml.h).
 SUCCESS = 0
@@ -41,6 +48,7 @@ ERROR_INSUFFICIENT_SIZE = 7
 ERROR_TIMEOUT = 10
 ERROR_FUNCTION_NOT_FOUND = 13
 ERROR_GPU_IS_LOST = 15
+ERROR_NO_PERMISSION = 4
 ERROR_ARGUMENT_VERSION_MISMATCH = 25
 ERROR_UNKNOWN = 999
 
@@ -54,6 +62,9 @@ ERROR_STRINGS = {
     ERROR_TIMEOUT: "Timeout",
     ERROR_FUNCTION_NOT_FOUND: "Function Not Found",
     ERROR_GPU_IS_LOST: "GPU is lost",
+    ERROR_NO_PERMISSION: "Insufficient Permissions",
+    ERROR_IN_USE: "In use by another client",
+    ERROR_INSUFFICIENT_RESOURCES: "Insufficient resources",
     ERROR_ARGUMENT_VERSION_MISMATCH: "Argument version mismatch",
     ERROR_UNKNOWN: "Unknown Error",
 }
@@ -66,8 +77,6 @@ ARCH_CODES = {"KEPLER": 2, "MAXWELL": 3, "PASCAL": 4, "VOLTA": 5, "TURING": 6, "
 GI_PROFILE_INDEX = {"1_SLICE": 0, "2_SLICE": 1, "3_SLICE": 2, "4_SLICE": 3, "7_SLICE": 4,
                      "8_SLICE": 5, "6_SLICE": 6, "1_SLICE_REV1": 7, "2_SLICE_REV1": 8,
                      "1_SLICE_REV2": 9}  # fmt: skip
-# NVML_COMPUTE_INSTANCE_PROFILE_<n>_SLICE index (== profile id) by compute-slice count.
-CI_PROFILE_BY_SLICES = {1: 0, 2: 1, 3: 2, 4: 3, 7: 4, 8: 5, 6: 6}
 # Struct versions pynvml puts in the version field (nvml.h NVML_STRUCT_VERSION(...)).
 MEMORY_V2 = 0x02000028
 GI_PROFILE_INFO_V2 = 0x02000098
@@ -128,8 +137,17 @@ class CFunction:
 class LibraryCore:
     """State, symbol lookup and handle decoding shared by the C-function mixins."""
 
-    def __init__(self, profile: EmulatedProfile, control_file: Path | None = None) -> None:
+    def __init__(
+        self,
+        profile: EmulatedProfile,
+        mig: MigState | None = None,
+        control_file: Path | None = None,
+    ) -> None:
         self.profile = profile
+        self.mig = mig or MigState(profile)
+        """GPU and compute instances (shared through a file by every process of a node)."""
+        self.delays: dict[str, float] = dict(profile.call_delays)
+        """C function name -> seconds each call takes, as on hardware."""
         self._lock = threading.RLock()
         self._cond = threading.Condition(self._lock)
         self._runtime = {gpu.index: GpuRuntime() for gpu in profile.gpus}
@@ -232,6 +250,9 @@ class LibraryCore:
         return CFunction(self, name, impl.__get__(self))
 
     def _dispatch(self, name: str, impl: Callable[..., Any], args: tuple[Any, ...]) -> Any:
+        delay = self.delays.get(name)
+        if delay:  # outside the lock: other callers go on while this one "runs"
+            time.sleep(delay)
         with self._lock:
             self.calls[name] += 1
             self._poll_control()
@@ -261,10 +282,17 @@ class LibraryCore:
                 return (value >> 8) & 0xFF
         return None
 
-    # ---- handles -------------------------------------------------------------------------
+    # ---- handles ----------------------------------------------------------------------
+    # A handle is ``kind << 16 | slot << 8 | instance``; for GI handles ``instance`` is the
+    # GI ID, for CI and MIG-device handles ``gi_id << 3 | ci_id``, so a handle keeps naming
+    # its instance while others come and go, and a destroyed one stops resolving.
     @staticmethod
     def _encode(kind: int, slot: int, instance: int = 0) -> int:
         return (kind << 16) | (slot << 8) | instance
+
+    @staticmethod
+    def ci_instance(gi_id: int, ci_id: int) -> int:
+        return gi_id << 3 | ci_id
 
     def _decode(self, handle: Any, *kinds: int) -> tuple[int, EmulatedGpu, int]:
         value = handle_value(handle)
@@ -273,18 +301,29 @@ class LibraryCore:
             raise Return(ERROR_INVALID_ARGUMENT)
         if slot not in self._present or self._runtime[slot].lost:
             raise Return(ERROR_GPU_IS_LOST)
-        gpu = self.profile.gpus[slot]
-        if kind != KIND_GPU and instance >= len(gpu.mig_instances):
-            raise Return(ERROR_INVALID_ARGUMENT)
-        return kind, gpu, instance
+        return kind, self.profile.gpus[slot], instance
 
     def _gpu(self, handle: Any) -> EmulatedGpu:
         return self._decode(handle, KIND_GPU)[1]
 
-    def _any(self, handle: Any) -> tuple[EmulatedGpu, EmulatedMigInstance | None]:
-        kind, gpu, instance = self._decode(handle, KIND_GPU, KIND_MIG)
-        return gpu, gpu.mig_instances[instance] if kind == KIND_MIG else None
+    def _gi(self, handle: Any) -> tuple[EmulatedGpu, GpuInstance]:
+        _, gpu, gi_id = self._decode(handle, KIND_GI)
+        gi = self.mig.gpu_instance(gpu.index, gi_id)
+        if gi is None:
+            raise Return(ERROR_INVALID_ARGUMENT)  # destroyed since the handle was handed out
+        return gpu, gi
 
-    def _mig(self, handle: Any, kind: int) -> tuple[EmulatedGpu, int, EmulatedMigInstance]:
-        _, gpu, instance = self._decode(handle, kind)
-        return gpu, instance, gpu.mig_instances[instance]
+    def _mig_device(self, gpu: EmulatedGpu, instance: int) -> MigDevice:
+        gi = self.mig.gpu_instance(gpu.index, instance >> 3)
+        ci = gi.cis.get(instance & 0x7) if gi is not None else None
+        if gi is None or ci is None:
+            raise Return(ERROR_INVALID_ARGUMENT)
+        return MigDevice(gpu, gi, ci)
+
+    def _ci(self, handle: Any) -> MigDevice:
+        _, gpu, instance = self._decode(handle, KIND_CI)
+        return self._mig_device(gpu, instance)
+
+    def _any(self, handle: Any) -> tuple[EmulatedGpu, MigDevice | None]:
+        kind, gpu, instance = self._decode(handle, KIND_GPU, KIND_MIG)
+        return gpu, self._mig_device(gpu, instance) if kind == KIND_MIG else None

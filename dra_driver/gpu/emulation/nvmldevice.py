@@ -73,9 +73,10 @@ class DeviceCalls(LibraryCore):
             gpu = self.profile.gpus[slot]
             if gpu.uuid == wanted:
                 return store_handle(deref(handle), self._encode(KIND_GPU, slot))
-            for k, mig in enumerate(gpu.mig_instances):
+            for mig in self.mig.mig_devices(gpu):
                 if mig.uuid == wanted:
-                    return store_handle(deref(handle), self._encode(KIND_MIG, slot, k))
+                    instance = self.ci_instance(mig.gi_id, mig.ci_id)
+                    return store_handle(deref(handle), self._encode(KIND_MIG, slot, instance))
         raise Return(ERROR_NOT_FOUND)
 
     def _c_nvmlDeviceGetHandleByPciBusId_v2(self, bus_id: Any, handle: Any) -> None:
@@ -95,7 +96,7 @@ class DeviceCalls(LibraryCore):
     # ---- identity and figures (full GPUs and MIG devices) -------------------------------
     def _c_nvmlDeviceGetName(self, handle: Any, buffer: Any, length: Any) -> None:
         gpu, mig = self._any(handle)
-        name = gpu.model.product_name + (f" MIG {mig.profile.name}" if mig else "")
+        name = gpu.model.product_name + (f" MIG {mig.name}" if mig else "")
         write_string(buffer, length, name)
 
     def _c_nvmlDeviceGetUUID(self, handle: Any, buffer: Any, length: Any) -> None:
@@ -140,7 +141,7 @@ class DeviceCalls(LibraryCore):
 
     def _c_nvmlDeviceGetNumGpuCores(self, handle: Any, cores: Any) -> None:
         gpu, mig = self._any(handle)
-        sms = mig.profile.multiprocessors if mig else gpu.model.multiprocessors
+        sms = mig.multiprocessors if mig else gpu.model.multiprocessors
         deref(cores).value = sms * gpu.model.cores_per_multiprocessor
 
     def _c_nvmlDeviceGetPciInfo_v3(self, handle: Any, pci: Any) -> None:
@@ -177,8 +178,8 @@ class DeviceCalls(LibraryCore):
         if mig is None:
             raise Return(ERROR_NOT_SUPPORTED)  # NVML documents this for MIG handles only
         p, out = mig.profile, deref(attrs)
-        out.multiprocessorCount, out.sharedCopyEngineCount = p.multiprocessors, p.copy_engines
+        out.multiprocessorCount, out.sharedCopyEngineCount = mig.multiprocessors, p.copy_engines
         out.sharedDecoderCount, out.sharedEncoderCount = p.decoders, p.encoders
         out.sharedJpegCount, out.sharedOfaCount = p.jpeg_engines, p.ofa_engines
-        out.gpuInstanceSliceCount = out.computeInstanceSliceCount = p.slices
+        out.gpuInstanceSliceCount, out.computeInstanceSliceCount = p.slices, mig.ci.slices
         out.memorySizeMB = p.memory_mib

@@ -1,12 +1,21 @@
-"""Emulated NVML: MIG mode, GPU-instance profiles and placements, existing instances."""
+"""Emulated NVML: MIG mode, GPU-instance profiles and placements, GPU and compute instances.
+
+Queries answer from :class:`~.migstate.MigState`; creating and destroying
+instances goes through its placement rules, so overlaps and exhausted
+profiles fail with ``NVML_ERROR_INSUFFICIENT_RESOURCES`` as on hardware.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
 
+from dra_driver.gpu.emulation.migstate import (
+    CI_SLICES_BY_PROFILE,
+    MigRuleError,
+    ci_profiles_for,
+)
 from dra_driver.gpu.emulation.nvmlcore import (
-    CI_PROFILE_BY_SLICES,
     CI_PROFILE_INFO_V2,
     ERROR_ARGUMENT_VERSION_MISMATCH,
     ERROR_INSUFFICIENT_SIZE,
@@ -78,6 +87,16 @@ class MigCalls(LibraryCore):
         self._fill_gi_profile(out, p)
         out.name = f"MIG {p.name}".encode()
 
+    def _c_nvmlDeviceGetGpuInstanceProfileInfoByIdV(
+        self, handle: Any, profile_id: Any, info: Any
+    ) -> None:
+        out = deref(info)
+        if out.version != GI_PROFILE_INFO_V2:
+            raise Return(ERROR_ARGUMENT_VERSION_MISMATCH)
+        p = self._gi_profile_by_id(self._mig_capable(handle), profile_id)
+        self._fill_gi_profile(out, p)
+        out.name = f"MIG {p.name}".encode()
+
     def _gi_profile_by_id(self, gpu: EmulatedGpu, profile_id: Any) -> Any:
         for p in gpu.model.mig_profiles:
             if p.id == as_int(profile_id):
@@ -115,56 +134,72 @@ class MigCalls(LibraryCore):
     ) -> None:
         gpu = self._mig_capable(handle)
         p = self._gi_profile_by_id(gpu, profile_id)
-        used = {
-            s for m in gpu.mig_instances for s in range(m.start, m.start + m.profile.placement_size)
-        }
-        free = [s for s in p.placements if not used & set(range(s, s + p.placement_size))]
+        free = self.mig.free_placements(gpu, p)
         deref(count).value = len(free) if gpu.mig_enabled else 0
 
-    # ---- MIG: existing GPU and compute instances -----------------------------------------
+    # ---- MIG: GPU instances --------------------------------------------------------------
     def _c_nvmlDeviceGetGpuInstances(
         self, handle: Any, profile_id: Any, instances: Any, count: Any
     ) -> None:
         gpu = self._mig_capable(handle)
         p = self._gi_profile_by_id(gpu, profile_id)
-        mine = [k for k, m in enumerate(gpu.mig_instances) if m.profile.id == p.id]
-        slot = gpu.index
+        mine = [gi.gi_id for gi in self.mig.gpu_instances(gpu.index) if gi.profile.id == p.id]
 
-        def store(array: Any, i: int, k: int) -> None:
-            store_handle(array[i], self._encode(KIND_GI, slot, k))
+        def store(array: Any, i: int, gi_id: int) -> None:
+            store_handle(array[i], self._encode(KIND_GI, gpu.index, gi_id))
 
         self._fill_array(instances, count, mine, store)
 
     def _c_nvmlDeviceGetGpuInstanceById(self, handle: Any, gi_id: Any, instance: Any) -> None:
         gpu = self._mig_capable(handle)
-        for k, m in enumerate(gpu.mig_instances):
-            if m.gi_id == as_int(gi_id):
-                return store_handle(deref(instance), self._encode(KIND_GI, gpu.index, k))
-        raise Return(ERROR_NOT_FOUND)
+        if self.mig.gpu_instance(gpu.index, as_int(gi_id)) is None:
+            raise Return(ERROR_NOT_FOUND)
+        store_handle(deref(instance), self._encode(KIND_GI, gpu.index, as_int(gi_id)))
 
-    def _c_nvmlGpuInstanceGetInfo(self, gi: Any, info: Any) -> None:
-        gpu, _, mig = self._mig(gi, KIND_GI)
+    def _c_nvmlGpuInstanceGetInfo(self, gi_handle: Any, info: Any) -> None:
+        gpu, gi = self._gi(gi_handle)
         out = deref(info)
         store_handle(out.device, self._encode(KIND_GPU, gpu.index))
-        out.id, out.profileId = mig.gi_id, mig.profile.id
-        out.placement.start, out.placement.size = mig.start, mig.profile.placement_size
+        out.id, out.profileId = gi.gi_id, gi.profile.id
+        out.placement.start, out.placement.size = gi.start, gi.profile.placement_size
 
-    def _ci_profiles(self, gi_slices: int) -> list[int]:
-        return [
-            s for s in CI_PROFILE_BY_SLICES if s <= gi_slices and not (gi_slices == 4 and s == 3)
-        ]
+    def _c_nvmlDeviceCreateGpuInstance(self, handle: Any, profile_id: Any, instance: Any) -> None:
+        self._create_gi(handle, profile_id, None, instance)
 
-    def _c_nvmlGpuInstanceGetComputeInstanceProfileInfoV(
-        self, gi: Any, index: Any, engine: Any, info: Any
+    def _c_nvmlDeviceCreateGpuInstanceWithPlacement(
+        self, handle: Any, profile_id: Any, placement: Any, instance: Any
     ) -> None:
-        _, _, mig = self._mig(gi, KIND_GI)
+        self._create_gi(handle, profile_id, deref(placement), instance)
+
+    def _create_gi(self, handle: Any, profile_id: Any, placement: Any, instance: Any) -> None:
+        gpu = self._mig_capable(handle)
+        p = self._gi_profile_by_id(gpu, profile_id)
+        start, size = (None, None) if placement is None else (placement.start, placement.size)
+        try:
+            gi = self.mig.create_gpu_instance(gpu, p, start, size)
+        except MigRuleError as exc:
+            raise Return(exc.code) from exc
+        store_handle(deref(instance), self._encode(KIND_GI, gpu.index, gi.gi_id))
+
+    def _c_nvmlGpuInstanceDestroy(self, gi_handle: Any) -> None:
+        gpu, gi = self._gi(gi_handle)
+        try:
+            self.mig.destroy_gpu_instance(gpu, gi.gi_id)
+        except MigRuleError as exc:
+            raise Return(exc.code) from exc
+
+    # ---- MIG: compute instances ----------------------------------------------------------
+    def _c_nvmlGpuInstanceGetComputeInstanceProfileInfoV(
+        self, gi_handle: Any, index: Any, engine: Any, info: Any
+    ) -> None:
+        _, gi = self._gi(gi_handle)
         out = deref(info)
         if out.version != CI_PROFILE_INFO_V2:
             raise Return(ERROR_ARGUMENT_VERSION_MISMATCH)
-        p = mig.profile
-        slices = next((s for s, i in CI_PROFILE_BY_SLICES.items() if i == as_int(index)), None)
-        if slices is None or slices not in self._ci_profiles(p.slices) or as_int(engine) != 0:
+        p = gi.profile
+        if as_int(index) not in ci_profiles_for(p.slices) or as_int(engine) != 0:
             raise Return(ERROR_NOT_SUPPORTED)
+        slices = CI_SLICES_BY_PROFILE[as_int(index)]
         out.id, out.sliceCount, out.instanceCount = as_int(index), slices, p.slices // slices
         out.multiprocessorCount = p.multiprocessors * slices // p.slices
         out.sharedCopyEngineCount, out.sharedDecoderCount = p.copy_engines, p.decoders
@@ -173,32 +208,65 @@ class MigCalls(LibraryCore):
             p.jpeg_engines,
             p.ofa_engines,
         )
-        out.name = f"MIG {slices}c.{p.name}".encode()
+        out.name = (f"MIG {slices}c.{p.name}" if slices < p.slices else f"MIG {p.name}").encode()
+
+    def _c_nvmlGpuInstanceGetComputeInstanceRemainingCapacity(
+        self, gi_handle: Any, profile_id: Any, count: Any
+    ) -> None:
+        _, gi = self._gi(gi_handle)
+        if as_int(profile_id) not in ci_profiles_for(gi.profile.slices):
+            raise Return(ERROR_NOT_SUPPORTED)
+        free = gi.profile.slices - sum(c.slices for c in gi.cis.values())
+        deref(count).value = free // CI_SLICES_BY_PROFILE[as_int(profile_id)]
 
     def _c_nvmlGpuInstanceGetComputeInstances(
-        self, gi: Any, profile_id: Any, instances: Any, count: Any
+        self, gi_handle: Any, profile_id: Any, instances: Any, count: Any
     ) -> None:
-        gpu, k, mig = self._mig(gi, KIND_GI)
-        match = CI_PROFILE_BY_SLICES.get(mig.profile.slices) == as_int(profile_id)
+        gpu, gi = self._gi(gi_handle)
+        mine = sorted(c.ci_id for c in gi.cis.values() if c.profile_id == as_int(profile_id))
 
-        def store(array: Any, i: int, item: int) -> None:
-            store_handle(array[i], self._encode(KIND_CI, gpu.index, item))
+        def store(array: Any, i: int, ci_id: int) -> None:
+            store_handle(
+                array[i], self._encode(KIND_CI, gpu.index, self.ci_instance(gi.gi_id, ci_id))
+            )
 
-        self._fill_array(instances, count, [k] if match else [], store)
+        self._fill_array(instances, count, mine, store)
 
-    def _c_nvmlGpuInstanceGetComputeInstanceById(self, gi: Any, ci_id: Any, instance: Any) -> None:
-        gpu, k, mig = self._mig(gi, KIND_GI)
-        if mig.ci_id != as_int(ci_id):
+    def _c_nvmlGpuInstanceGetComputeInstanceById(
+        self, gi_handle: Any, ci_id: Any, instance: Any
+    ) -> None:
+        gpu, gi = self._gi(gi_handle)
+        if as_int(ci_id) not in gi.cis:
             raise Return(ERROR_NOT_FOUND)
-        store_handle(deref(instance), self._encode(KIND_CI, gpu.index, k))
+        encoded = self._encode(KIND_CI, gpu.index, self.ci_instance(gi.gi_id, as_int(ci_id)))
+        store_handle(deref(instance), encoded)
 
-    def _c_nvmlComputeInstanceGetInfo_v2(self, ci: Any, info: Any) -> None:
-        gpu, k, mig = self._mig(ci, KIND_CI)
+    def _c_nvmlComputeInstanceGetInfo_v2(self, ci_handle: Any, info: Any) -> None:
+        mig = self._ci(ci_handle)
+        index, instance = mig.gpu.index, self.ci_instance(mig.gi_id, mig.ci_id)
         out = deref(info)
-        store_handle(out.device, self._encode(KIND_MIG, gpu.index, k))
-        store_handle(out.gpuInstance, self._encode(KIND_GI, gpu.index, k))
-        out.id, out.profileId = mig.ci_id, CI_PROFILE_BY_SLICES[mig.profile.slices]
-        out.placement.start, out.placement.size = 0, mig.profile.slices
+        store_handle(out.device, self._encode(KIND_MIG, index, instance))
+        store_handle(out.gpuInstance, self._encode(KIND_GI, index, mig.gi_id))
+        out.id, out.profileId = mig.ci_id, mig.ci.profile_id
+        out.placement.start, out.placement.size = mig.ci.start, mig.ci.slices
+
+    def _c_nvmlGpuInstanceCreateComputeInstance(
+        self, gi_handle: Any, profile_id: Any, instance: Any
+    ) -> None:
+        gpu, gi = self._gi(gi_handle)
+        try:
+            ci = self.mig.create_compute_instance(gpu, gi.gi_id, as_int(profile_id))
+        except MigRuleError as exc:
+            raise Return(exc.code) from exc
+        encoded = self._encode(KIND_CI, gpu.index, self.ci_instance(gi.gi_id, ci.ci_id))
+        store_handle(deref(instance), encoded)
+
+    def _c_nvmlComputeInstanceDestroy(self, ci_handle: Any) -> None:
+        mig = self._ci(ci_handle)
+        try:
+            self.mig.destroy_compute_instance(mig.gpu, mig.gi_id, mig.ci_id)
+        except MigRuleError as exc:
+            raise Return(exc.code) from exc
 
     # ---- MIG device handles --------------------------------------------------------------
     def _c_nvmlDeviceIsMigDeviceHandle(self, handle: Any, result: Any) -> None:
@@ -208,12 +276,17 @@ class MigCalls(LibraryCore):
         gpu = self._mig_capable(handle)
         if not gpu.mig_enabled:
             raise Return(ERROR_INVALID_ARGUMENT)
-        if as_int(index) >= len(gpu.mig_instances):
+        devices = self.mig.mig_devices(gpu)
+        if as_int(index) >= len(devices):
             raise Return(ERROR_NOT_FOUND)
-        store_handle(deref(mig), self._encode(KIND_MIG, gpu.index, as_int(index)))
+        found = devices[as_int(index)]
+        encoded = self._encode(KIND_MIG, gpu.index, self.ci_instance(found.gi_id, found.ci_id))
+        store_handle(deref(mig), encoded)
 
     def _c_nvmlDeviceGetDeviceHandleFromMigDeviceHandle(self, mig: Any, handle: Any) -> None:
-        gpu, _, _ = self._mig(mig, KIND_MIG)
+        gpu, device = self._any(mig)
+        if device is None:
+            raise Return(ERROR_INVALID_ARGUMENT)
         store_handle(deref(handle), self._encode(KIND_GPU, gpu.index))
 
     def _c_nvmlDeviceGetGpuInstanceId(self, handle: Any, gi_id: Any) -> None:

@@ -23,7 +23,9 @@ from dra_driver.errors import DriverError
 BUILTIN_PROFILES: tuple[str, ...] = (
     "dgx-a100",
     "dgx-a100-mig",
+    "dgx-a100-mig-on",
     "dgx-h100",
+    "h100-l4-mixed",
     "h200",
     "l4-x4",
     "t4",
@@ -56,6 +58,20 @@ _GI_PROFILES = (
     "2_SLICE_REV1",
     "1_SLICE_REV2",
 )
+REALISTIC_CALL_DELAYS: dict[str, float] = {
+    "nvmlDeviceCreateGpuInstanceWithPlacement": 1.0,
+    "nvmlDeviceCreateGpuInstance": 1.0,
+    "nvmlGpuInstanceDestroy": 1.0,
+    "nvmlGpuInstanceCreateComputeInstance": 0.2,
+    "nvmlComputeInstanceDestroy": 0.2,
+}
+"""Seconds a MIG change takes on a real A100/H100, for ``callDelays: realistic``.
+
+ESTIMATES, not measurements (no GPU was lent to measure them): NVIDIA's dynamic-MIG
+driver notes give creating and destroying a GPU instance as "O(1 s)"
+(perf-anchors.md); compute instances are taken as a fifth of that. Override per
+function with a ``callDelays`` mapping in the profile."""
+
 # Deterministic UUIDs: the same profile always yields the same GPU UUIDs.
 _UUID_NAMESPACE = uuidlib.UUID("5b0c6f3e-2a43-4c1e-9a1e-6d0f2f6b9a10")
 
@@ -156,6 +172,10 @@ class EmulatedProfile:
     """The YAML text the profile came from (copied into the emulated root for tools)."""
     numa_distances: tuple[tuple[int, ...], ...] = ()
     """SLIT distances between NUMA nodes (``node<N>/distance`` in sysfs), row per node."""
+    call_delays: dict[str, float] = field(default_factory=dict)
+    """C function name -> seconds each call takes (emulated hardware latency)."""
+    device_node_delay: float = 0.0
+    """Seconds after a MIG instance is created until its ``/dev/nvidia-caps`` nodes exist."""
 
 
 def _get(data: dict[str, Any], key: str, where: str, kind: type, default: Any = ...) -> Any:
@@ -334,6 +354,26 @@ def _gpu(data: Any, index: int, models: dict[str, EmulatedModel], name: str) -> 
     )
 
 
+def _seconds(value: Any, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+        raise ProfileError(f"{where}: expected seconds >= 0, got {value!r}")
+    return float(value)
+
+
+def call_delays(value: Any, where: str = "callDelays") -> dict[str, float]:
+    """``realistic`` (:data:`REALISTIC_CALL_DELAYS`), ``none``, or C function -> seconds."""
+    if value in ("realistic", "none"):
+        return dict(REALISTIC_CALL_DELAYS) if value == "realistic" else {}
+    if not isinstance(value, dict):
+        raise ProfileError(f"{where}: expected 'realistic', 'none' or C function -> seconds")
+    out = {}
+    for fn, seconds in value.items():
+        if not isinstance(fn, str) or not fn.startswith("nvml"):
+            raise ProfileError(f"{where}: {fn!r} is not an NVML C function name")
+        out[fn] = _seconds(seconds, f"{where}.{fn}")
+    return out
+
+
 def _builtin_text(name: str) -> str:
     return resources.files("dra_driver.gpu.emulation").joinpath("profiles", name).read_text()
 
@@ -356,7 +396,7 @@ def parse_profile(text: str, origin: str = "<profile>") -> EmulatedProfile:
         _check_keys(
             data,
             {"name", "driverVersion", "cudaDriverVersion", "models", "gpus", "nvlinkBridges",
-             "fabric", "numaDistances"},
+             "fabric", "numaDistances", "callDelays", "deviceNodeDelay"},
             "profile",
         )  # fmt: skip
         name = _get(data, "name", "profile", str)
@@ -376,6 +416,8 @@ def parse_profile(text: str, origin: str = "<profile>") -> EmulatedProfile:
             gpus=gpus,
             source=text,
             numa_distances=_numa_distances(_get(data, "numaDistances", "profile", list, []), gpus),
+            call_delays=call_delays(data.get("callDelays", {}), "profile.callDelays"),
+            device_node_delay=_seconds(data.get("deviceNodeDelay", 0), "profile.deviceNodeDelay"),
         )
     except ProfileError as exc:
         raise ProfileError(f"{origin}: {exc}") from None
