@@ -21,6 +21,7 @@ from dra_driver.commands.discover import add_host_arguments, gpu_host
 if TYPE_CHECKING:
     from dra_driver.gpu.devices import NumaAttributeForm
     from dra_driver.gpu.inventory import Inventory
+    from dra_driver.gpu.partitions import MigMode
 
 NAME = "slices"
 HELP = "print the ResourceSlices this node would publish"
@@ -58,6 +59,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="form of resource.kubernetes.io/numaNode: scalar (int) or list (ints; needs the "
         "DRAListTypeAttributes gate) (env NUMA_ATTRIBUTE_FORM; default %(default)s)",
     )
+    parser.add_argument(
+        "--mig-mode",
+        choices=("static", "dynamic"),
+        default=os.environ.get("MIG_MODE") or "static",
+        help="static: MIG-mode GPUs publish the instances that exist; dynamic: every profile "
+        "and placement through shared counters, created at prepare (env MIG_MODE; default "
+        "%(default)s)",
+    )
     add_host_arguments(parser)
     parser.add_argument(
         "-o", "--output", choices=("yaml", "json"), default="yaml", help="default %(default)s"
@@ -73,6 +82,7 @@ def resource_slices(
     generation: int = 1,
     taint_degraded: bool = False,
     numa_attribute_form: NumaAttributeForm = "scalar",
+    mig_mode: MigMode = "static",
 ) -> list[dict[str, Any]]:
     """The ResourceSlice objects for ``inventory``; raises SliceValidationError if invalid."""
     from dra_driver.gpu.devices import build_pool
@@ -84,6 +94,7 @@ def resource_slices(
         driver_name=driver_name,
         taint_degraded=taint_degraded,
         numa_attribute_form=numa_attribute_form,
+        mig_mode=mig_mode,
     )
     validate_pool(pool)
     contents = split_pool(pool)
@@ -121,6 +132,7 @@ def run(args: argparse.Namespace) -> int:
             generation=args.generation,
             taint_degraded=args.taint_degraded,
             numa_attribute_form=args.numa_attribute_form,
+            mig_mode=args.mig_mode,
         )
     except (DiscoveryError, ProfileError, SliceValidationError, FileExistsError) as exc:
         print(f"dra-driver slices: {exc}", file=sys.stderr)

@@ -27,10 +27,14 @@ Kubernetes 1.37 standard attributes and topology:
 
 Decisions:
 
-* A GPU in MIG mode publishes its MIG devices, not itself. In MIG mode CUDA
-  runs only inside MIG devices; the full GPU is not usable as one device, and
-  offering both would let the scheduler hand out the same memory slices twice.
-  A MIG-mode GPU without instances therefore publishes nothing.
+* Static MIG (the default): a GPU in MIG mode publishes its MIG devices, not
+  itself. In MIG mode CUDA runs only inside MIG devices; the full GPU is not
+  usable as one device, and offering both would let the scheduler hand out the
+  same memory slices twice. A MIG-mode GPU without instances therefore
+  publishes nothing.
+* Dynamic MIG (``mig_mode="dynamic"``): a GPU in MIG mode publishes a counter
+  set and every profile x placement that fits (:mod:`dra_driver.gpu.partitions`);
+  dynamic devices have no ``uuid`` until prepared.
 * Degraded GPUs (an essential NVML/sysfs query failed, or the GPU is lost) are
   left out of the pool by default: the scheduler can never pick them, even on
   clusters without the DRADeviceTaints gate (where a taint would be silently
@@ -43,22 +47,35 @@ Decisions:
 
 from __future__ import annotations
 
+import dataclasses
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Literal
 
-from dra_driver.gpu.inventory import Gpu, Inventory, MigInstance
+from dra_driver.gpu.inventory import Gpu, Inventory, MigInstance, MigProfile
 from dra_driver.gpu.naming import gpu_device_name, mig_device_name
+from dra_driver.gpu.partitions import (
+    MigMode,
+    MigPartition,
+    OwnedInstance,
+    available,
+    counter_set_name,
+    foreign_instances,
+)
 from dra_driver.gpu.topology import nvlink_domains
 from dra_driver.plugin.resources import (
     AttributeValue,
     Capacity,
+    CounterConsumption,
+    CounterSet,
     Device,
     DeviceTaint,
     ListValue,
     Pool,
     Version,
 )
+
+Owned = Collection[OwnedInstance]
 
 PCI_BUS_ID = "resource.kubernetes.io/pciBusID"
 PCIE_ROOT = "resource.kubernetes.io/pcieRoot"
@@ -166,7 +183,14 @@ def mig_device(
         "profile": p.name,
         **_common(gpu, inventory, numa_form),
     }
-    capacity = {
+    capacity = _mig_figures(p)
+    for memory_slice in range(mig.placement.start, mig.placement.start + mig.placement.size):
+        capacity[f"memorySlice{memory_slice}"] = Capacity("1")
+    return Device(name=mig_device_name(mig), attributes=attrs, capacity=capacity)
+
+
+def _mig_figures(p: MigProfile) -> dict[str, Capacity]:
+    return {
         "memory": Capacity(quantity(p.memory_bytes, binary=True)),
         "multiprocessors": Capacity(quantity(p.multiprocessors)),
         "copyEngines": Capacity(quantity(p.copy_engines)),
@@ -175,9 +199,40 @@ def mig_device(
         "jpegEngines": Capacity(quantity(p.jpeg_engines)),
         "ofaEngines": Capacity(quantity(p.ofa_engines)),
     }
-    for memory_slice in range(mig.placement.start, mig.placement.start + mig.placement.size):
+
+
+def partition_device(
+    part: MigPartition, inventory: Inventory, numa_form: NumaAttributeForm = "scalar"
+) -> Device:
+    """A dynamic MIG device: the static device's attributes (no UUID yet) plus counters."""
+    gpu = part.parent
+    use = (
+        CounterConsumption(
+            counter_set_name(gpu),
+            {c: _counter_quantity(c, v) for c, v in sorted(part.consumes().items())},
+        ),
+    )
+    if part.whole_gpu:  # no nvlinkDomain: in MIG mode there is no NVLink peer-to-peer
+        device = gpu_device(gpu, inventory, numa_form)
+        capacity = dict(device.capacity)
+        capacity["memory"] = Capacity(quantity(part.profile.memory_bytes, binary=True))
+        capacity["multiprocessors"] = Capacity(quantity(part.profile.multiprocessors))
+        return Device(name=part.name, attributes=device.attributes, capacity=capacity,
+                      consumes_counters=use)  # fmt: skip
+    attrs: dict[str, AttributeValue] = {
+        "type": "mig",
+        "parentUUID": gpu.uuid,
+        "profile": part.profile.name,
+        **_common(gpu, inventory, numa_form),
+    }
+    capacity = _mig_figures(part.profile)
+    for memory_slice in range(part.placement.start, part.placement.start + part.placement.size):
         capacity[f"memorySlice{memory_slice}"] = Capacity("1")
-    return Device(name=mig_device_name(mig), attributes=attrs, capacity=capacity)
+    return Device(name=part.name, attributes=attrs, capacity=capacity, consumes_counters=use)
+
+
+def _counter_quantity(counter: str, value: int) -> str:
+    return quantity(value, binary=counter == "memory")
 
 
 def gpu_devices(
@@ -185,11 +240,27 @@ def gpu_devices(
     inventory: Inventory,
     numa_form: NumaAttributeForm = "scalar",
     nvlink_domain: str | None = None,
-) -> list[Device]:
-    """What one healthy GPU contributes: itself, or its MIG devices when in MIG mode."""
-    if gpu.mig_enabled:
-        return [mig_device(m, gpu, inventory, numa_form) for m in gpu.mig_instances]
-    return [gpu_device(gpu, inventory, numa_form, nvlink_domain)]
+    mig_mode: MigMode = "static",
+    owned: Owned = (),
+) -> tuple[list[Device], list[CounterSet]]:
+    """What one healthy GPU contributes: itself, or in MIG mode its MIG devices (static)
+    or its counter set and every partition that fits, plus others' instances (dynamic)."""
+    if not gpu.mig_enabled:
+        return [gpu_device(gpu, inventory, numa_form, nvlink_domain)], []
+    if mig_mode == "static":
+        return [mig_device(m, gpu, inventory, numa_form) for m in gpu.mig_instances], []
+    offer = available(gpu, owned)
+    foreign = {(g.gi_id, g.placement.start) for g in foreign_instances(gpu, owned)}
+    devices = [
+        mig_device(m, gpu, inventory, numa_form)
+        for m in gpu.mig_instances
+        if (m.gi_id, m.placement.start) in foreign
+    ]
+    devices += [partition_device(part, inventory, numa_form) for part in offer.partitions]
+    if not offer.partitions:  # fully taken by others' instances: no counters to share
+        return devices, []
+    counters = {c: _counter_quantity(c, v) for c, v in sorted(offer.counters.items())}
+    return devices, [CounterSet(counter_set_name(gpu), counters)]
 
 
 def _identified(gpu: Gpu) -> bool:
@@ -203,21 +274,28 @@ def build_pool(
     taint_degraded: bool = False,
     numa_attribute_form: NumaAttributeForm = "scalar",
     taints: Mapping[str, tuple[DeviceTaint, ...]] | None = None,
+    mig_mode: MigMode = "static",
+    owned: Owned = (),
 ) -> Pool:
     """The node's pool; device order (by minor) is the scheduler's first-fit preference.
 
     ``taints`` (device name -> taints) come from the health monitor's state.
+    ``owned`` lists the GPU instances this driver created (dynamic MIG): they are
+    the partitions' own, not foreign instances to work around.
     """
     devices: list[Device] = []
+    counter_sets: list[CounterSet] = []
     degraded = DeviceTaint(key=f"{driver_name}/degraded", value="nvml-error", effect="NoSchedule")
     domains = nvlink_domains(inventory.gpus)
     health = taints or {}
     for gpu in sorted(inventory.gpus, key=lambda g: (g.minor, g.index)):
         if gpu.degraded and not (taint_degraded and _identified(gpu)):
             continue
-        for d in gpu_devices(gpu, inventory, numa_attribute_form, domains.get(gpu.uuid)):
+        found, sets = gpu_devices(
+            gpu, inventory, numa_attribute_form, domains.get(gpu.uuid), mig_mode, owned
+        )
+        for d in found:
             extra = ((degraded,) if gpu.degraded else ()) + health.get(d.name, ())
-            devices.append(
-                Device(name=d.name, attributes=d.attributes, capacity=d.capacity, taints=extra)
-            )
-    return Pool(devices=tuple(devices))
+            devices.append(dataclasses.replace(d, taints=extra))
+        counter_sets += sets
+    return Pool(devices=tuple(devices), counter_sets=tuple(counter_sets))

@@ -43,6 +43,7 @@ from dra_driver.gpu.inventory import Inventory
 from dra_driver.gpu.monitor import HealthEvents, HealthMonitor
 from dra_driver.gpu.nvml import Nvml
 from dra_driver.gpu.nvmlmonitor import CallObserver
+from dra_driver.gpu.partitions import MigMode
 from dra_driver.gpu.preparing import ClaimPreparer
 from dra_driver.gpu.sharing import GpuTools
 from dra_driver.gpu.usage import UsageCollector, UsageSampler, targets_for
@@ -80,6 +81,7 @@ class GpuDriver:
         health_events: HealthEvents | None = None,
         usage_interval_s: float = 10.0,
         registry: CollectorRegistry | None = None,
+        mig_mode: MigMode = "static",
     ) -> None:
         """Runs the first discovery now, so a node without a usable driver fails at start,
         then finishes whatever prepare or unprepare a previous process left half done.
@@ -97,6 +99,7 @@ class GpuDriver:
         self._log = logger
         self._taint_degraded = taint_degraded
         self._numa_form: NumaAttributeForm = numa_attribute_form
+        self._mig_mode: MigMode = mig_mode
         self._lock = threading.Lock()
         self._monitor = (
             HealthMonitor(
@@ -150,6 +153,7 @@ class GpuDriver:
             taint_degraded=self._taint_degraded,
             numa_attribute_form=self._numa_form,
             taints=taints,
+            mig_mode=self._mig_mode,
         )
 
     def inventory(self) -> Inventory:

@@ -112,3 +112,19 @@ def test_slices_numa_attribute_form_and_nvlink_domains() -> None:
     bad = _run("slices", "--node-name", "n", "--emulate", "t4", "--numa-attribute-form", "lists",
                check=False)  # fmt: skip
     assert bad.returncode == 2 and "invalid choice: 'lists'" in bad.stderr
+
+
+def test_slices_in_dynamic_mig_mode(make_node, discover_node) -> None:
+    out = _run("slices", "--node-name", "n", "--emulate", "h100-l4-mixed", "--mig-mode", "dynamic")
+    docs = list(yaml.safe_load_all(out.stdout))
+    expected = resource_slices(
+        discover_node(make_node("h100-l4-mixed")),
+        driver_name="gpu.nvidia.com",
+        node_name="n",
+        mig_mode="dynamic",
+    )
+    assert docs == expected
+    assert [len(d["spec"].get("sharedCounters", [])) for d in docs] == [2, 0]
+    assert len(docs[1]["spec"]["devices"]) == 55
+    bad = _run("slices", "--node-name", "n", "--emulate", "t4", "--mig-mode", "auto", check=False)
+    assert bad.returncode == 2 and "invalid choice: 'auto'" in bad.stderr

@@ -16,6 +16,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from dra_driver.gpu.emulation.migstate import (
+    ERROR_IN_USE,
+    ERROR_INSUFFICIENT_RESOURCES,
+    GpuInstance,
+    MigDevice,
+    MigState,
+)
 from dra_driver.gpu.emulation.profile import EmulatedGpu, EmulatedProfile
 from dra_driver.gpu.emulation.runtime import (
     EVENT_DOUBLE_BIT_ECC,
@@ -29,13 +36,6 @@ from dra_driver.gpu.emulation.runtime import (
     PendingEvent,
     check_op,
     process_from,
-)
-from dra_driver.gpu.emulation.migstate import (
-    ERROR_IN_USE,
-    ERROR_INSUFFICIENT_RESOURCES,
-    GpuInstance,
-    MigDevice,
-    MigState,
 )
 
 # NVML return codes (nvml.h).
