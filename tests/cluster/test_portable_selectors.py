@@ -22,7 +22,10 @@ from tests.cluster.test_allocation import (
 )
 from tests.e2e.scenarios import EXAMPLES
 
-FITS = {"dgx-a100", "dgx-a100-mig", "dgx-h100", "h200", "a100-pcie-nvlink", "hgx-h100-fabric"}
+# h100-l4-mixed fits with its third H100 (MIG off); dgx-a100-mig-on has no whole GPU in
+# static MIG mode.
+FITS = {"dgx-a100", "dgx-a100-mig", "dgx-h100", "h200", "a100-pcie-nvlink", "hgx-h100-fabric",
+        "h100-l4-mixed"}  # fmt: skip
 
 
 def pinned_pod(pod: dict[str, Any], name: str, node: str) -> dict[str, Any]:
