@@ -1,4 +1,5 @@
-"""A claim's CDI spec: each device's edits from the inventory, plus its units' additions."""
+"""A claim's CDI spec: each device's edits from the inventory (or from the device a
+strategy created for it), plus its units' additions."""
 
 from __future__ import annotations
 
@@ -7,8 +8,8 @@ from collections.abc import Callable, Sequence
 from dra_driver.gpu import cdi
 from dra_driver.gpu.cdiedits import EditsBuilder, read_majors
 from dra_driver.gpu.hostpaths import HostPaths
-from dra_driver.gpu.inventory import Gpu, Inventory
-from dra_driver.gpu.strategies.base import SharingStrategy, Target, Unit
+from dra_driver.gpu.inventory import Gpu, Inventory, MigInstance
+from dra_driver.gpu.strategies.base import Materializes, SharingStrategy, Target, Unit
 
 
 class ClaimSpecs:
@@ -52,10 +53,16 @@ class ClaimSpecs:
         for target in targets:
             if target.name in devices:
                 continue
+            mine = [u for u in units if target.name in u.devices]
             obj = target.device
+            for unit in mine:
+                maker = strategy(unit.strategy)
+                if isinstance(maker, Materializes):
+                    obj = maker.concrete(unit, target)
+            if not isinstance(obj, Gpu | MigInstance):
+                raise cdi.CdiError(f"device {target.name}: no strategy created it")
             edits = builder.gpu(obj) if isinstance(obj, Gpu) else builder.mig(obj)
-            for unit in units:
-                if target.name in unit.devices:
-                    edits = strategy(unit.strategy).edits(unit, target.name, edits)
+            for unit in mine:
+                edits = strategy(unit.strategy).edits(unit, target.name, edits)
             devices[target.name] = cdi.CdiDevice(name=f"{claim_uid}-{target.name}", edits=edits)
         return cdi.Spec(kind=self.kind, devices=tuple(devices.values()), edits=builder.common())

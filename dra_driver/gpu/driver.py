@@ -18,6 +18,11 @@ the plugin, :meth:`start_background`). The pool is always built from one pair
 off that same pool, so slices and health stream cannot disagree: a device is
 Unhealthy exactly when it carries a ``NoSchedule`` or ``NoExecute`` taint
 (the degraded taint of ``--taint-degraded`` included).
+
+Dynamic MIG (``mig_mode="dynamic"``): the preparer creates and destroys MIG
+instances (:mod:`dra_driver.gpu.strategies.dynamicmig`); the pool does not
+change when it does, because instances recorded in the checkpoint are the
+partitions' own (``owned``), never others' instances to work around.
 """
 
 from __future__ import annotations
@@ -40,13 +45,15 @@ from dra_driver.gpu.health import (
 )
 from dra_driver.gpu.hostpaths import HostPaths
 from dra_driver.gpu.inventory import Inventory
+from dra_driver.gpu.miginstances import MigInstances
 from dra_driver.gpu.monitor import HealthEvents, HealthMonitor
 from dra_driver.gpu.nvml import Nvml
 from dra_driver.gpu.nvmlmonitor import CallObserver
-from dra_driver.gpu.partitions import MigMode
+from dra_driver.gpu.partitions import MigMode, OwnedInstance
 from dra_driver.gpu.preparing import ClaimPreparer
 from dra_driver.gpu.sharing import GpuTools
 from dra_driver.gpu.usage import UsageCollector, UsageSampler, targets_for
+from dra_driver.gpu.strategies.dynamicmig import owned_by
 from dra_driver.plugin.backend import DeviceHealth, PreparedDevice
 from dra_driver.plugin.claimbook import PreparedClaim
 from dra_driver.plugin.claims import Claim, ClaimRef
@@ -127,8 +134,15 @@ class GpuDriver:
         )
         if self._usage is not None and registry is not None:
             registry.register(UsageCollector(self._usage))
+        self._mig = (
+            MigInstances(
+                host=host, logger=logger.getChild("mig"), nvml=Nvml(observer=nvml_observer)
+            )
+            if mig_mode == "dynamic"
+            else None
+        )
+        self._owned: frozenset[OwnedInstance] = frozenset()
         self._inventory = discover()
-        self._pool = self._build(self._inventory, self._health)
         self._preparer = ClaimPreparer(
             driver_name=driver_name,
             inventory=self.inventory,
@@ -138,8 +152,25 @@ class GpuDriver:
             logger=logger,
             tools=tools,
             runtime_host=runtime_host,
+            mig_instances=self._mig,
         )
         self._preparer.recover()
+        if self._mig is not None:  # recover() may have destroyed leftover instances
+            self._inventory = self._discover_owned()
+        self._pool = self._build(self._inventory, self._health)
+
+    def _discover_owned(self) -> Inventory:
+        """Discover, and note which GPU instances are ours (dynamic MIG): recorded before
+        or after discovery, so one created or removed meanwhile is not taken for another's."""
+        before = self._recorded_instances()
+        inventory = self._discover()
+        self._owned = frozenset(before | self._recorded_instances())
+        if self._mig is not None:
+            self._mig.note_discovery(self._owned)
+        return inventory
+
+    def _recorded_instances(self) -> set[OwnedInstance]:
+        return owned_by(self._preparer.recorded_units()) if self._mig is not None else set()
 
     def _build(self, inventory: Inventory, health: HealthSnapshot) -> Pool:
         policy = self._monitor.policy if self._monitor is not None else HealthPolicy()
@@ -154,6 +185,7 @@ class GpuDriver:
             numa_attribute_form=self._numa_form,
             taints=taints,
             mig_mode=self._mig_mode,
+            owned=self._owned,
         )
 
     def inventory(self) -> Inventory:
@@ -163,7 +195,7 @@ class GpuDriver:
     def refresh(self) -> bool:
         """Discover again; True when the published pool changed (caller republishes)."""
         try:
-            inventory = self._discover()
+            inventory = self._discover_owned()
         except DiscoveryError as exc:
             self._log.error("re-discovery failed; keeping the previous inventory: %s", exc)
             return False
@@ -241,6 +273,8 @@ class GpuDriver:
 
     def close(self) -> None:
         self._preparer.close()
+        if self._mig is not None:
+            self._mig.close()
 
     # ---- DeviceStatusReporter (claim status.devices) ----
     def device_status(self, devices: Sequence[PreparedDevice]) -> list[DeviceStatus]:

@@ -204,3 +204,24 @@ def partitions_by_name(
         if gpu.mig_enabled
         for part in available(gpu, owned).partitions
     }
+
+
+def catalog(gpus: Iterable[Gpu], owned: Collection[OwnedInstance] = ()) -> dict[str, MigPartition]:
+    """Every partition a claim may name on these GPUs (MIG mode on), for preparing.
+
+    Wider than what is published (a claim may come from an older pool generation):
+    only a name that belongs to an existing instance somebody else made is left out,
+    since that name is the static device of that instance. A partition that overlaps
+    another instance fails at creation with NVML's own "insufficient resources".
+    """
+    out: dict[str, MigPartition] = {}
+    for gpu in gpus:
+        if not gpu.mig_enabled:
+            continue
+        theirs = {(gi.gi_profile_id, gi.placement.start) for gi in foreign_instances(gpu, owned)}
+        for part in partitions(gpu):
+            if part.whole_gpu and theirs:
+                continue
+            if (part.profile.gi_profile_id, part.placement.start) not in theirs:
+                out[part.name] = part
+    return out

@@ -7,14 +7,17 @@ to these devices, two strategies that would change one GPU.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from dra_driver.gpu import cdi
 from dra_driver.gpu.checkpoint import UNPREPARING, Checkpoint, ClaimEntry, DeviceRecord
 from dra_driver.gpu.config import ConfigError, DeviceConfig, DeviceType, resolve
-from dra_driver.gpu.inventory import Gpu, Inventory
+from dra_driver.gpu.inventory import Gpu, Inventory, MigInstance
 from dra_driver.gpu.naming import devices_by_name, gpu_name_of
+from dra_driver.gpu.partitions import MigPartition
 from dra_driver.gpu.strategies.base import (
+    DeviceCatalog,
     SharedResources,
     SharingStrategy,
     Strategies,
@@ -56,9 +59,27 @@ def allocation_key(records: list[DeviceRecord]) -> list[tuple[object, ...]]:
     return [(d.request, d.pool, d.device, d.admin_access, d.share_id) for d in records]
 
 
-def plan_claim(claim: Claim, inventory: Inventory, strategies: Strategies) -> ClaimPlan:
-    """Raises :class:`PrepareError` (permanent: retrying cannot help) for bad input."""
-    known = devices_by_name(inventory)
+def known_devices(
+    inventory: Inventory, strategies: Strategies, recorded: Sequence[Unit] = ()
+) -> dict[str, Gpu | MigInstance | MigPartition]:
+    """Every device name a claim may hold here: the inventory's, then the ones strategies
+    create at prepare (:class:`DeviceCatalog`), which win for a shared name."""
+    known: dict[str, Gpu | MigInstance | MigPartition] = dict(devices_by_name(inventory))
+    for strategy in strategies:
+        name = strategy.name
+        if isinstance(strategy, DeviceCatalog):
+            known.update(strategy.devices(inventory, [u for u in recorded if u.strategy == name]))
+    return known
+
+
+def plan_claim(
+    claim: Claim, inventory: Inventory, strategies: Strategies, recorded: Sequence[Unit] = ()
+) -> ClaimPlan:
+    """Raises :class:`PrepareError` (permanent: retrying cannot help) for bad input.
+
+    ``recorded``: every unit in the checkpoint (strategies that create devices tell
+    theirs from others' by them)."""
+    known = known_devices(inventory, strategies, recorded)
     targets = []
     for dev in claim.devices:
         found = known.get(dev.device)
@@ -78,9 +99,7 @@ def plan_claim(claim: Claim, inventory: Inventory, strategies: Strategies) -> Cl
                 consumed_capacity=dict(dev.consumed_capacity),
             )
         )
-    types: dict[str, DeviceType] = {
-        t.name: "gpu" if isinstance(t.device, Gpu) else "mig" for t in targets
-    }
+    types: dict[str, DeviceType] = {t.name: t.type for t in targets}
     try:
         configs = resolve(claim, types, strategies.decoders())
         units = _units(claim.uid, targets, configs, strategies)

@@ -54,13 +54,20 @@ from dra_driver.gpu.claimspec import ClaimSpecs
 from dra_driver.gpu.hostpaths import HostPaths
 from dra_driver.gpu.inventory import Inventory
 from dra_driver.gpu.locks import LockTimeout, NodeLocks
+from dra_driver.gpu.miginstances import MigInstances
 from dra_driver.gpu.mpsdaemons import MpsDaemons
 from dra_driver.gpu.naming import gpu_name_of
 from dra_driver.gpu.planning import ClaimPlan, allocation_key, check_conflicts, plan_claim
 from dra_driver.gpu.sharing import GpuCommands, GpuTools
 from dra_driver.gpu.statefile import CheckpointStore, Loaded
 from dra_driver.gpu.strategies import builtin
-from dra_driver.gpu.strategies.base import SharedResources, SharingStrategy, Strategies, Unit
+from dra_driver.gpu.strategies.base import (
+    DeviceCatalog,
+    SharedResources,
+    SharingStrategy,
+    Strategies,
+    Unit,
+)
 from dra_driver.logs import ContextLogger, claim_logger
 from dra_driver.plugin.backend import PreparedDevice, PrepareError
 from dra_driver.plugin.claims import Claim, ClaimRef
@@ -105,10 +112,12 @@ class ClaimPreparer:
         tools: GpuTools,
         runtime_host: HostPaths | None = None,
         strategies: Strategies | None = None,
+        mig_instances: MigInstances | None = None,
         gpu_lock_timeout_s: float = 30.0,
         on_step: Callable[[str], None] | None = None,
     ) -> None:
-        """``strategies`` defaults to the built-in ones (:func:`strategies.builtin`)."""
+        """``strategies`` defaults to the built-in ones (:func:`strategies.builtin`), with
+        dynamic MIG when ``mig_instances`` is given."""
         self.kind = cdi.claim_kind(driver_name)
         cdi.validate_kind(self.kind)
         self._inventory = inventory
@@ -122,7 +131,10 @@ class ClaimPreparer:
         problem = daemons.depth_problem()
         if problem is not None:  # said at start, not first when an MPS claim arrives
             logger.warning("MPS claims will fail on this node: %s", problem)
-        self._strategies = strategies if strategies is not None else builtin(commands, daemons)
+        self._strategies = (
+            strategies if strategies is not None else builtin(commands, daemons, mig_instances)
+        )
+        self._catalogs = any(isinstance(st, DeviceCatalog) for st in self._strategies)
         self._on_step = on_step or (lambda _name: None)
         self._specs = ClaimSpecs(kind=self.kind, host=host, runtime_host=runtime_host)
 
@@ -135,7 +147,8 @@ class ClaimPreparer:
     def prepare(self, claim: Claim) -> list[PreparedDevice]:
         log = claim_logger(self._log, claim.uid, claim.ref.namespace, claim.ref.name)
         with self._errors(f"prepare claim {claim.ref}"):
-            plan = plan_claim(claim, self._inventory(), self._strategies)
+            recorded = self.recorded_units() if self._catalogs else []
+            plan = plan_claim(claim, self._inventory(), self._strategies, recorded)
             records = plan.device_records(self.kind)
             spec = cdi.transient_spec_path(self._cdi_dir, self.kind, claim.uid)
             locks = set(plan.locks)
@@ -211,6 +224,13 @@ class ClaimPreparer:
                 uid: (e.units[0].strategy if e.units else "Exclusive")
                 for uid, e in loaded.checkpoint.claims.items()
             }
+
+    def recorded_units(self) -> list[Unit]:
+        """Every unit in the checkpoint, of every claim and state (what was made, or may
+        have been: dynamic MIG tells its own GPU instances from others' by them)."""
+        with self._errors("read the checkpoint"), self._store.transaction() as loaded:
+            self._handle_reboot(loaded)
+            return [u for e in loaded.checkpoint.claims.values() for u in e.units]
 
     def recover(self) -> None:
         """At start: finish interrupted teardowns, roll back interrupted prepares, release

@@ -1,16 +1,20 @@
 """Ways of preparing a GPU, each one implementation of :class:`base.SharingStrategy`.
 
 :func:`builtin` gives the preparer its strategies in apply order: Exclusive
-(no config), TimeSlicing, MPS. A new way (dynamic MIG, consumable shares) is a
+(no config), TimeSlicing, MPS, and first of all DynamicMIG when the node creates MIG
+instances at prepare. A new way (dynamic MIG, consumable shares) is a
 new module here and one more entry in that list.
 """
 
 from __future__ import annotations
 
 from dra_driver.gpu.config import SharingDecoder
+from dra_driver.gpu.miginstances import MigInstances
 from dra_driver.gpu.mpsdaemons import MpsDaemons
 from dra_driver.gpu.sharing import GpuCommands
 from dra_driver.gpu.strategies.base import (
+    DeviceCatalog,
+    Materializes,
     SharedResources,
     SharingStrategy,
     Steps,
@@ -18,6 +22,7 @@ from dra_driver.gpu.strategies.base import (
     Target,
     Unit,
 )
+from dra_driver.gpu.strategies.dynamicmig import DynamicMigStrategy
 from dra_driver.gpu.strategies.exclusive import ExclusiveStrategy
 from dra_driver.gpu.strategies.mps import MpsDecoder, MpsStrategy
 from dra_driver.gpu.strategies.timeslicing import TimeSlicingDecoder, TimeSlicingStrategy
@@ -29,14 +34,27 @@ DECODERS: dict[str, SharingDecoder] = {
 """Settings decoders of the built-in strategies (stateless), for decoding configs alone."""
 
 
-def builtin(commands: GpuCommands, daemons: MpsDaemons) -> Strategies:
+def builtin(
+    commands: GpuCommands, daemons: MpsDaemons, mig: MigInstances | None = None
+) -> Strategies:
+    """With ``mig`` (``--mig-mode dynamic``) dynamic MIG comes first: its instances exist
+    before anything else could act on them, and are destroyed last."""
+    dynamic: list[SharingStrategy] = [DynamicMigStrategy(mig)] if mig is not None else []
     return Strategies(
-        [ExclusiveStrategy(), TimeSlicingStrategy(commands), MpsStrategy(commands, daemons)]
+        [
+            *dynamic,
+            ExclusiveStrategy(),
+            TimeSlicingStrategy(commands),
+            MpsStrategy(commands, daemons),
+        ]
     )
 
 
 __all__ = [
     "DECODERS",
+    "DeviceCatalog",
+    "DynamicMigStrategy",
+    "Materializes",
     "SharedResources",
     "SharingStrategy",
     "Steps",

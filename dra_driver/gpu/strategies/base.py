@@ -25,6 +25,10 @@ ordering, locks, checkpoint states and rollback; a strategy only:
   (:meth:`forget`) and, after a reboot, every file it keeps (:meth:`after_reboot`:
   hardware state is gone then, so no tool is run and no process signalled).
 
+Devices created at prepare (dynamic MIG's partitions) use two more optional
+abilities: :class:`DeviceCatalog` names them for planning, and
+:class:`Materializes` hands the CDI spec the device that ``apply`` created.
+
 Per-node state shared by several claims (one MPS control daemon serving the
 shares of many claims on a GPU, say) is the optional :class:`SharedResources`
 ability: a unit names shared keys, the pipeline records each key before
@@ -40,7 +44,8 @@ from typing import Any, Protocol, runtime_checkable
 
 from dra_driver.gpu.cdi import ContainerEdits
 from dra_driver.gpu.config import DeviceConfig, DeviceType, SharingDecoder
-from dra_driver.gpu.inventory import Gpu, MigInstance
+from dra_driver.gpu.inventory import Gpu, Inventory, MigInstance
+from dra_driver.gpu.partitions import MigPartition
 
 
 @dataclass(frozen=True)
@@ -50,22 +55,28 @@ class Target:
     name: str
     """Published device name, e.g. ``gpu-3``."""
     request: str
-    device: Gpu | MigInstance
+    device: Gpu | MigInstance | MigPartition
+    """What exists, or (a partition) what a strategy creates at prepare."""
     admin_access: bool = False
     share_id: str | None = None
     consumed_capacity: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def type(self) -> DeviceType:
+        if isinstance(self.device, MigPartition):
+            return "gpu" if self.device.whole_gpu else "mig"
         return "gpu" if isinstance(self.device, Gpu) else "mig"
 
     @property
     def uuid(self) -> str:
-        return self.device.uuid
+        """The device's UUID; empty for a partition (it has one only once created)."""
+        return "" if isinstance(self.device, MigPartition) else self.device.uuid
 
     @property
     def gpu_uuid(self) -> str:
         """The physical GPU's UUID (a MIG device's parent)."""
+        if isinstance(self.device, MigPartition):
+            return self.device.parent.uuid
         return self.device.uuid if isinstance(self.device, Gpu) else self.device.parent_uuid
 
 
@@ -153,6 +164,25 @@ class SharedResources(Protocol):
         """Idempotent undo of :meth:`acquire`, from the record (possibly empty: the
         process died before acquire returned)."""
         ...
+
+
+@runtime_checkable
+class DeviceCatalog(Protocol):
+    """Optional ability: devices that do not exist yet but may be allocated (partitions
+    a strategy creates at prepare), by published name. They take precedence over the
+    inventory's devices of the same name."""
+
+    def devices(self, inventory: Inventory, recorded: Sequence[Unit]) -> Mapping[str, MigPartition]:
+        """``recorded``: this strategy's units in the checkpoint (what it made so far)."""
+        ...
+
+
+@runtime_checkable
+class Materializes(Protocol):
+    """Optional ability: after :meth:`SharingStrategy.apply`, the device it made for a
+    target; the claim's CDI spec is built for that device instead of the target's."""
+
+    def concrete(self, unit: Unit, target: Target) -> Gpu | MigInstance: ...
 
 
 class Strategies:
