@@ -126,6 +126,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "DRADeviceTaints gate) instead of leaving them out (env TAINT_DEGRADED)",
     )
     parser.add_argument(
+        "--mig-mode",
+        choices=("static", "dynamic"),
+        default=_env("MIG_MODE", "static"),
+        help="static: GPUs in MIG mode publish the MIG devices that exist; dynamic: every "
+        "MIG profile and placement through shared counters, the instance created at prepare "
+        "and destroyed at unprepare (GPUs with MIG off stay whole; MIG mode is never "
+        "changed) (env MIG_MODE; default %(default)s)",
+    )
+    parser.add_argument(
         "--rolling-update-uid",
         default=_env("POD_UID"),
         help="pod UID: UID-suffixed sockets so two plugin pods can overlap "
@@ -240,6 +249,7 @@ def run(args: argparse.Namespace) -> int:
                 health_events=gpu_metrics,
                 usage_interval_s=args.usage_interval,
                 registry=registry,
+                mig_mode=args.mig_mode,
             )
             settings = PluginSettings(
                 driver_name=args.driver_name,

@@ -44,6 +44,7 @@ def test_lint_strict_passes(helm: Path) -> None:
     ("setting", "field"),
     [
         ("emulate=dgx-a101", "emulate"),
+        ("migMode=auto", "migMode"),
         ("healthPort=0", "healthPort"),
         ("kubeletRootDir=var/lib/kubelet", "kubeletRootDir"),
         ("driverName=GPU_NVIDIA", "driverName"),
@@ -199,7 +200,12 @@ def test_daemonset_args_are_accepted_by_the_real_command(helm: Path) -> None:
     values the chart means (parsed by the CLI's own parser)."""
     from dra_driver.cli import _load_commands, build_parser
 
-    ds = daemonset(render(helm, "--set", "emulate=dgx-a100", "--set", "kubeletRootDir=/k"))
+    ds = daemonset(
+        render(
+            helm, "--set", "emulate=dgx-a100", "--set", "kubeletRootDir=/k",
+            "--set", "migMode=dynamic",
+        )
+    )  # fmt: skip
     (container,) = ds["spec"]["template"]["spec"]["containers"]
     parser = build_parser(_load_commands())
     args = parser.parse_args(["--log-format=json", *container["args"], "--node-name=n1"])
@@ -210,6 +216,7 @@ def test_daemonset_args_are_accepted_by_the_real_command(helm: Path) -> None:
     assert str(args.driver_root) == "/driver-root"
     assert args.emulate == "dgx-a100"
     assert args.driver_name == "gpu.nvidia.com"
+    assert args.mig_mode == "dynamic"
 
 
 @pytest.mark.parametrize("version", ["1.34", "1.35", "1.36", "1.37"])
