@@ -112,7 +112,7 @@ def bench_cli_import(rounds: int) -> dict[str, Any]:
     }
 
 
-def _complete_pool(cluster: Any, node: str) -> bool:
+def _complete_pool(cluster: Any, node: str, expected: int = EXPECTED_DEVICES) -> bool:
     listed = cluster.rest.get(
         "/apis/resource.k8s.io/v1/resourceslices",
         {"fieldSelector": f"spec.nodeName={node},spec.driver={DRIVER}"},
@@ -123,10 +123,15 @@ def _complete_pool(cluster: Any, node: str) -> bool:
     }
     if len(pools) != 1 or next(iter(pools))[1] != len(items):
         return False
-    return sum(len(s["spec"].get("devices", [])) for s in items) == EXPECTED_DEVICES
+    return sum(len(s["spec"].get("devices", [])) for s in items) == expected
 
 
-def bench_start_to_pool(rounds: int) -> dict[str, Any]:
+def bench_start_to_pool(
+    rounds: int,
+    profile: str = PROFILE,
+    expected: int = EXPECTED_DEVICES,
+    extra_args: tuple[str, ...] = (),
+) -> dict[str, Any]:
     from dra_driver.devcluster import Cluster, find_binaries
     from tests.plugin.clusterkit import apply_rbac, node_bound_kubeconfig, unique
 
@@ -141,7 +146,7 @@ def bench_start_to_pool(rounds: int) -> dict[str, Any]:
                 kubeconfig = node_bound_kubeconfig(cluster, node)
                 run_dir = work / f"r{r}"
                 argv = [sys.executable, "-m", "dra_driver", "--log-level", "warning"]
-                argv += ["kubelet-plugin", "--node-name", name, "--emulate", PROFILE]
+                argv += ["kubelet-plugin", "--node-name", name, "--emulate", profile, *extra_args]
                 argv += ["--host-root", str(run_dir / "host"), "--cdi-dir", str(run_dir / "cdi")]
                 argv += ["--kubelet-registry-dir", str(run_dir / "reg")]
                 argv += ["--kubelet-plugins-dir", str(run_dir / "plugins")]
@@ -149,7 +154,7 @@ def bench_start_to_pool(rounds: int) -> dict[str, Any]:
                 start = time.perf_counter()
                 proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                 try:
-                    while not _complete_pool(cluster, name):
+                    while not _complete_pool(cluster, name, expected):
                         if proc.poll() is not None:
                             raise RuntimeError(f"plugin exited with {proc.returncode}")
                         if time.perf_counter() - start > 60:
@@ -160,8 +165,8 @@ def bench_start_to_pool(rounds: int) -> dict[str, Any]:
                     proc.send_signal(signal.SIGTERM)
                     proc.wait(timeout=20)
     return {
-        "profile": PROFILE,
-        "devices": EXPECTED_DEVICES,
+        "profile": profile,
+        "devices": expected,
         "rounds": rounds,
         "p50_ms": round(statistics.median(times), 1),
         "max_ms": round(max(times), 1),
