@@ -305,6 +305,8 @@ def main() -> int:
         results["start_to_complete_pool"] = bench_start_to_pool(
             5, "dgx-a100-mig-on", 208, ("--mig-mode", "dynamic")
         )
+        # Side by side, in the same run: the static 16-device dgx-a100-mig node.
+        results["start_to_complete_pool_static_16"] = bench_start_to_pool(5)
         results["scheduler"] = bench_scheduler(args.rounds)
     print(json.dumps(results, indent=2))
     return 0
