@@ -247,3 +247,20 @@ def test_driver_pool_stays_the_same_while_instances_come_and_go(tmp_path: Path) 
             driver.close()
     finally:
         node.close()
+
+
+def test_unprepare_fails_while_a_process_runs_and_succeeds_after(node: MigNode) -> None:
+    """NVML refuses to destroy a compute instance a process runs on; the unprepare fails
+    (the kubelet retries it), the claim keeps its instance, and the next try finishes."""
+    preparer = node.preparer()
+    preparer.prepare(mig_claim("gpu-3-mig-2g20gb-14-2"))
+    ((gi_id, *_),) = node.instances(3)
+    process = {"pid": 4242, "usedMiB": 100, "gi": gi_id, "ci": 0}
+    node.node.library.apply({"op": "processes", "gpu": 3, "processes": [process]})
+    with pytest.raises(PrepareError, match="In use by another client"):
+        preparer.unprepare(MIG_REF)
+    assert node.instances(3) == [(gi_id, "2g.20gb", 2, [0])]
+    assert _checkpoint(node)["claims"][MIG_UID]["state"] == "Unpreparing"
+    node.node.library.apply({"op": "processes", "gpu": 3, "processes": []})
+    preparer.unprepare(MIG_REF)
+    assert node.instances(3) == [] and _checkpoint(node)["claims"] == {}

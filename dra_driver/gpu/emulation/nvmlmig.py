@@ -12,6 +12,7 @@ from typing import Any
 
 from dra_driver.gpu.emulation.migstate import (
     CI_SLICES_BY_PROFILE,
+    ERROR_IN_USE,
     MigRuleError,
     ci_profiles_for,
 )
@@ -263,6 +264,11 @@ class MigCalls(LibraryCore):
 
     def _c_nvmlComputeInstanceDestroy(self, ci_handle: Any) -> None:
         mig = self._ci(ci_handle)
+        if any(
+            (p.gi_id, p.ci_id) == (mig.gi_id, mig.ci_id)
+            for p in self._runtime[mig.gpu.index].processes
+        ):
+            raise Return(ERROR_IN_USE)  # a process still runs on this MIG device
         try:
             self.mig.destroy_compute_instance(mig.gpu, mig.gi_id, mig.ci_id)
         except MigRuleError as exc:
