@@ -52,8 +52,8 @@ from dra_driver.gpu.nvmlmonitor import CallObserver
 from dra_driver.gpu.partitions import MigMode, OwnedInstance
 from dra_driver.gpu.preparing import ClaimPreparer
 from dra_driver.gpu.sharing import GpuTools
-from dra_driver.gpu.usage import UsageCollector, UsageSampler, targets_for
 from dra_driver.gpu.strategies.dynamicmig import owned_by
+from dra_driver.gpu.usage import UsageCollector, UsageSampler, targets_for
 from dra_driver.plugin.backend import DeviceHealth, PreparedDevice
 from dra_driver.plugin.claimbook import PreparedClaim
 from dra_driver.plugin.claims import Claim, ClaimRef
