@@ -27,6 +27,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "dra_driver.commands.kubelet_plugin",
     "dra_driver.commands.report",
     "dra_driver.commands.demo",
+    "dra_driver.commands.simulate",
 )
 
 

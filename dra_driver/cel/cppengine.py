@@ -258,7 +258,7 @@ class Engine:
             if result.type() != cel.Type.ERROR:
                 return self._unwrap(result.plain_value())
             message = str(result.value())
-            missing = _MISSING_KEY.search(message)
+            missing = _MISSING_KEY.search(message)  # before _clean rewrites it
             domains = prepared.data["attributes"].keys() | prepared.data["capacity"].keys()
             if missing is None or missing["key"] in domains or missing["key"] in extra:
                 raise CelRuntimeError(_clean(message))
@@ -268,6 +268,7 @@ class Engine:
 
 
 def _clean(message: str) -> str:
-    """Drop cel-cpp's status-code decoration (``INVALID_ARGUMENT: ... [INVALID_ARGUMENT]``)."""
+    """cel-cpp's wording as cel-go's: no status-code decoration, ``no such key: x``."""
     message = re.sub(r"^[A-Z_]+: ", "", message.strip())
-    return re.sub(r"\s*\[[A-Z_]+\]$", "", message)
+    message = re.sub(r"\s*\[[A-Z_]+\]$", "", message)
+    return _MISSING_KEY.sub(lambda m: f"no such key: {m['key']}", message)
