@@ -11,7 +11,7 @@ counters, taints, constraints.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
@@ -95,8 +95,15 @@ class Attempt:
     """One Allocate call: claims on a node; ``run()`` returns per-claim choices or None."""
 
     def __init__(
-        self, inventory: Inventory, state: AllocatedState, node: Node, claims: list[Claim]
+        self,
+        inventory: Inventory,
+        state: AllocatedState,
+        node: Node,
+        claims: list[Claim],
+        allowed: Callable[[int, Request, DeviceId], bool] | None = None,
     ) -> None:
+        """``allowed`` restricts ExactCount candidates (to check a given allocation)."""
+        self.allowed = allowed
         self.inv = inventory
         self.state = state
         self.node = node
@@ -357,6 +364,8 @@ class Attempt:
                         if ci in self.allocating.get(device_id, ()):
                             continue
                     elif self.in_use(device_id):
+                        continue
+                    if self.allowed is not None and not self.allowed(ci, request, device_id):
                         continue
                     per_device = slice_.per_device_node_selection
                     if not self.selectable(claim, data, pool, per_device, device):
