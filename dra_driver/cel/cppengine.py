@@ -259,8 +259,9 @@ class Engine:
                 return self._unwrap(result.plain_value())
             message = str(result.value())
             missing = _MISSING_KEY.search(message)  # before _clean rewrites it
-            domains = prepared.data["attributes"].keys() | prepared.data["capacity"].keys()
-            if missing is None or missing["key"] in domains or missing["key"] in extra:
+            # The error does not say which map: retry while either lacks the key.
+            in_both = prepared.data["attributes"].keys() & prepared.data["capacity"].keys()
+            if missing is None or missing["key"] in in_both or missing["key"] in extra:
                 raise CelRuntimeError(_clean(message))
             # Kubernetes reads an unknown attribute domain as an empty map.
             extra = extra | {missing["key"]}

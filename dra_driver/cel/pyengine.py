@@ -9,6 +9,7 @@ values are the plain Python objects of :mod:`dra_driver.cel.library`.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -236,6 +237,11 @@ def _value(value: int | bool | str | Semver | Quantity) -> Any:
     return value if isinstance(value, Semver | Quantity) else to_cel(value)
 
 
+_NO_MEMBER = re.compile(r"no such member in mapping: '([^']*)'")
+
+
 def _message(err: CELEvalError) -> str:
-    args = err.args
-    return str(args[0]) if args else "evaluation error"
+    """cel-python's wording as the scheduler's (cel-go) where they mean the same."""
+    text = str(err.args[0]) if err.args else "evaluation error"
+    text = text.split(" (in activation", 1)[0]
+    return _NO_MEMBER.sub(lambda m: f"no such key: {m[1]}", text)
