@@ -28,6 +28,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "dra_driver.commands.report",
     "dra_driver.commands.demo",
     "dra_driver.commands.simulate",
+    "dra_driver.commands.explain",
 )
 
 

@@ -57,6 +57,25 @@ class Outcome:
             grouped.setdefault(c.request.result_name, []).append(c.device_id.device)
         return grouped
 
+    def warnings(self) -> list[str]:
+        """What will go wrong after allocation although the scheduler allocates."""
+        out = []
+        for c in self.choices:
+            for taint in c.device.taints:
+                if taint.effect != "NoExecute":
+                    continue
+                if any(
+                    t.effect == "NoExecute" and t.tolerates(taint) for t in c.request.tolerations
+                ):
+                    continue
+                out.append(
+                    f"device {c.device_id.device} has the NoExecute taint "
+                    f"{taint.key}={taint.value}, tolerated only by a toleration without an "
+                    "effect: the scheduler allocates it, but the device-taint-eviction "
+                    "controller evicts the pod (name effect NoExecute in the toleration)"
+                )
+        return out
+
     def as_json(self) -> dict[str, Any]:
         body: dict[str, Any] = {
             "name": self.claim.name,
@@ -76,6 +95,8 @@ class Outcome:
                 )
             if self.preallocated:
                 body["preallocated"] = True
+            if warnings := self.warnings():
+                body["warnings"] = warnings
         else:
             body["reason"] = self.reason
         return body

@@ -114,7 +114,7 @@ class Generator:
             weights=[30, 15, 5, 5, 15, 12, 12, 3],
         )[0]  # fmt: skip
         pool = node
-        ndev = r.randint(1, 6)
+        ndev = r.randint(2, 8)
         if kind in ("multi-slice", "incomplete", "invalid"):
             nslices = r.randint(2, 3)
             per = [list(range(k * 8, k * 8 + r.randint(1, 4))) for k in range(nslices)]
@@ -216,21 +216,23 @@ class Generator:
 
     def request_body(self, kind: str, sub: bool) -> dict[str, Any]:
         r = self.rng
-        cls = r.choices(["any", "model-a", "fast", "unguarded"], weights=[70, 10, 10, 3])[0]
+        cls = r.choices(["any", "model-a", "fast", "unguarded"], weights=[75, 10, 10, 2])[0]
         body: dict[str, Any] = {"deviceClassName": f"diff-{cls}"}
-        if r.random() < 0.7:
+        if r.random() < 0.5:
             body["selectors"] = [
                 {"cel": {"expression": s}} for s in r.sample(SELECTORS, r.choice([1, 1, 2]))
             ]
         if not sub and r.random() < 0.12:
             body["allocationMode"] = "All"
-        elif r.random() < 0.4:
-            body["count"] = r.randint(1, 3)
+        elif r.random() < 0.3:
+            body["count"] = r.randint(2, 3)
         if not sub and r.random() < 0.06:
             body["adminAccess"] = True
         if r.random() < 0.2:
             body["tolerations"] = [r.choice([
-                {"key": "health", "operator": "Exists"},
+                # An empty effect would also tolerate NoExecute for the scheduler, but the
+                # device-taint-eviction controller then evicts the pod (simulate warns).
+                {"key": "health", "operator": "Exists", "effect": "NoSchedule"},
                 {"key": "health", "operator": "Equal", "value": "flaky", "effect": "NoSchedule"},
                 {"operator": "Exists", "effect": "NoExecute"},
             ])]  # fmt: skip
@@ -248,7 +250,7 @@ class Generator:
     def claim(self, name: str, kind: str) -> dict[str, Any]:
         r = self.rng
         requests = []
-        for k in range(r.choice([1, 1, 1, 2, 3])):
+        for k in range(r.choice([1, 1, 1, 1, 2, 3])):
             if r.random() < 0.2:
                 subs = [
                     {"name": f"s{j}", **self.request_body(kind, True)}
@@ -260,7 +262,7 @@ class Generator:
         if kind == "two-drivers" and r.random() < 0.5:
             requests.append({"name": "nic", "exactly": {"deviceClassName": "diff-nic"}})
         spec: dict[str, Any] = {"devices": {"requests": requests}}
-        if r.random() < 0.3:
+        if r.random() < 0.25:
             attribute = r.choice(
                 [f"{DRIVER}/numa", f"{DRIVER}/model", "resource.kubernetes.io/pcieRoot"]
             )

@@ -203,3 +203,16 @@ def test_cel_runtime_error_fails_the_claim_with_the_device(sim) -> None:
 def test_missing_device_class_is_reported(sim) -> None:
     out = sim([rslice("n1", GPUS), claim("c", exact("g", cls="nope"))])["c"]
     assert "device class nope does not exist" in out["reason"]
+
+
+def test_no_execute_taint_tolerated_without_effect_is_allocated_with_a_warning(sim) -> None:
+    # The scheduler tolerates it (empty effect matches every effect); the
+    # device-taint-eviction controller only honours effect NoExecute and evicts.
+    taint = {"key": "health", "value": "bad", "effect": "NoExecute"}
+    objs = [rslice("n1", [device("d", taints=[taint])]), device_class()]
+    loose = sim(
+        [*objs, claim("c", exact("g", tolerations=[{"key": "health", "operator": "Exists"}]))]
+    )
+    assert loose["c"]["allocated"] and "evicts the pod" in loose["c"]["warnings"][0]
+    strict = [{"key": "health", "operator": "Exists", "effect": "NoExecute"}]
+    assert "warnings" not in sim([*objs, claim("c", exact("g", tolerations=strict))])["c"]
