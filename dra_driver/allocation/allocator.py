@@ -315,6 +315,37 @@ class Attempt:
             return None
         return self.results
 
+    def _too_few_left(self, ci: int, data: _Req, start: tuple[int, int, int], needed: int) -> bool:
+        """Prune: fewer devices from ``start`` on can still match than slots remain.
+
+        Only devices whose selectors were all evaluated already count as known
+        misses, so no selector goes unevaluated that the scheduler's search
+        would evaluate (a CEL error there must still surface).
+        """
+        possible = 0
+        cls = data.cls.selectors
+        for pi in range(start[0], len(self.pools)):
+            pool = self.pools[pi]
+            if pool.incomplete or pool.invalid:
+                continue
+            for sli in range(start[1] if pi == start[0] else 0, len(pool.slices)):
+                devices = pool.slices[sli].devices
+                first = start[2] if (pi, sli) == start[:2] else 0
+                for device in devices[first:]:
+                    if not data.request.admin_access and self.in_use(
+                        DeviceId(pool.driver, pool.name, device.name)
+                    ):
+                        continue
+                    known = self.inv.known(cls, device)
+                    if known is True:
+                        known = self.inv.known(data.request.selectors, device)
+                    if known is None:
+                        return False  # not evaluated yet: no pruning
+                    possible += known
+                    if possible >= needed:
+                        return False
+        return True
+
     def _undo_last(self) -> None:
         self._undo_stack.pop()()
 
@@ -349,6 +380,8 @@ class Attempt:
             self._undo_last()
             return False
         request = data.request
+        if data.count - di > 1 and self._too_few_left(ci, data, start, data.count - di):
+            return False
         for pi in range(start[0], len(self.pools)):
             pool = self.pools[pi]
             if pool.incomplete or pool.invalid:

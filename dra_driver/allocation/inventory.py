@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from dra_driver.allocation.model import Device, DeviceClass, Node, Slice
-from dra_driver.allocation.pools import Pool, gather_pools
+from dra_driver.allocation.pools import Pool, SliceIndex, gather_pools
 from dra_driver.cel import CelCompileError, CelError, CelRuntimeError, SelectorEvaluator, cel_device
 
 
@@ -38,6 +38,7 @@ class Inventory:
         evaluator: SelectorEvaluator,
     ) -> None:
         self.slices = list(slices)
+        self._index = SliceIndex(self.slices)
         self.classes = dict(classes)
         self.nodes = sorted(nodes, key=lambda n: n.name)
         self.evaluator = evaluator
@@ -47,7 +48,7 @@ class Inventory:
     def pools(self, node: Node) -> list[Pool]:
         pools = self._pools.get(node.name)
         if pools is None:
-            pools = self._pools[node.name] = gather_pools(node, self.slices)
+            pools = self._pools[node.name] = gather_pools(node, self._index)
         return pools
 
     def evaluate(self, expression: str, driver: str, device: Device) -> bool | CelError:
@@ -62,6 +63,16 @@ class Inventory:
                 result = err
             self._results[key] = result
         return result
+
+    def known(self, expressions: tuple[str, ...], device: Device) -> bool | None:
+        """All selectors already evaluated true (True), one false (False), else None."""
+        for expression in expressions:
+            result = self._results.get((expression, id(device)))
+            if result is None:
+                return None
+            if result is not True:
+                return False
+        return True
 
     def selectors_match(
         self, owner: str, expressions: tuple[str, ...], driver: str, pool: str, device: Device

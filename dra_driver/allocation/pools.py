@@ -94,11 +94,29 @@ def slice_targets(slice_: Slice, node: Node) -> bool:
     return False
 
 
-def gather_pools(node: Node, all_slices: Iterable[Slice]) -> list[Pool]:
+class SliceIndex:
+    """Slices by node name and by pool, so gathering one node's pools is not O(all slices)."""
+
+    def __init__(self, slices: Iterable[Slice]) -> None:
+        self.by_node: dict[str, list[Slice]] = {}
+        self.elsewhere: list[Slice] = []
+        self.by_pool: dict[tuple[str, str], list[Slice]] = {}
+        for s in slices:
+            self.by_pool.setdefault((s.driver, s.pool), []).append(s)
+            if s.node_name:
+                self.by_node.setdefault(s.node_name, []).append(s)
+            else:
+                self.elsewhere.append(s)
+
+    def candidates(self, node: Node) -> list[Slice]:
+        return self.by_node.get(node.name, []) + self.elsewhere
+
+
+def gather_pools(node: Node, all_slices: Iterable[Slice] | SliceIndex) -> list[Pool]:
     """The pools ``node`` can allocate from, in the scheduler's order."""
-    everything = list(all_slices)
+    index = all_slices if isinstance(all_slices, SliceIndex) else SliceIndex(all_slices)
     seen: dict[tuple[str, str], list[Slice]] = {}
-    for s in everything:
+    for s in index.candidates(node):
         if not slice_targets(s, node):
             continue
         key = (s.driver, s.pool)
@@ -112,7 +130,7 @@ def gather_pools(node: Node, all_slices: Iterable[Slice]) -> list[Pool]:
         generation = mine[0].generation
         pool_slices = mine
         if len(mine) != mine[0].slice_count:
-            same_pool = [s for s in everything if (s.driver, s.pool) == (driver, name)]
+            same_pool = index.by_pool[(driver, name)]
             if any(s.generation > generation for s in same_pool):
                 continue  # obsolete: a newer generation is being published
             pool_slices = [s for s in same_pool if s.generation == generation]

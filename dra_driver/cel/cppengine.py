@@ -79,6 +79,7 @@ class Engine:
             ],
             functions=self._functions(),
         )
+        self._touch = self._env.compile("device.driver")
         self._quantity_msg = lru_cache(maxsize=8192)(self._new_quantity_msg)
         self._semver_msg = lru_cache(maxsize=8192)(self._new_semver_msg)
 
@@ -237,7 +238,10 @@ class Engine:
             },
             "allowMultipleAllocations": device.allow_multiple_allocations,
         }
-        return _Prepared(data)
+        prepared = _Prepared(data)
+        # The Activation converts the dict on first use; do it now, once per device.
+        self._touch.eval(self._activation(prepared, frozenset()))
+        return prepared
 
     def _activation(self, prepared: _Prepared, extra: frozenset[str]) -> Any:
         activation = prepared.activations.get(extra)
