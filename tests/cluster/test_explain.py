@@ -132,3 +132,40 @@ def test_unknown_claim_is_a_clear_error(
 ) -> None:
     assert main(["explain", "nope", "-n", "default", "--kubeconfig", str(cluster.kubeconfig)]) == 1
     assert "ResourceClaim default/nope not found" in capsys.readouterr().err
+
+
+def test_simulate_reads_the_live_cluster(
+    cluster: Cluster,
+    cluster_namespace: str,
+    h100: str,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+) -> None:
+    """Existing allocations on the node count: only the free GPUs are offered."""
+    ns = cluster_namespace
+    claim_and_pod(cluster, ns, "held", [request("gpus", GPU, count=3)], on(h100))
+    allocation(cluster, ns, "held")
+    claims = cluster.rest.get(f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims")["items"]
+    in_use = sum(
+        len(c["status"]["allocation"]["devices"]["results"])
+        for c in claims
+        if (c.get("status") or {}).get("allocation")
+        and c["status"]["allocation"]["devices"]["results"][0]["pool"] == h100
+    )
+    free = 8 - in_use
+    wanted = tmp_path / "claims.yaml"
+    wanted.write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": [
+        {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+         "metadata": {"name": f"sim-{n}", "namespace": ns},
+         "spec": {"devices": {"requests": [{"name": "g", "exactly": {
+             "deviceClassName": GPU, "count": n}}]}}}
+        for n in (free + 1, free)
+    ]}))  # fmt: skip
+    args = ["simulate", "--kubeconfig", str(cluster.kubeconfig), "-f", str(wanted), "--node", h100]
+    assert main([*args, "-o", "json"]) == 0
+    result = {c["name"]: c for c in json.loads(capsys.readouterr().out)["claims"]}
+    assert result[f"sim-{free + 1}"]["allocated"] is False
+    assert (
+        result[f"sim-{free}"]["allocated"] is True
+        and len(result[f"sim-{free}"]["devices"]["g"]) == free
+    )
