@@ -92,6 +92,8 @@ class Engine:
         return self._semver_cls(value=canonical)
 
     def _wrap(self, value: object) -> object:
+        if isinstance(value, list):
+            return [self._wrap(v) for v in value]
         if isinstance(value, Quantity):
             return self._quantity_msg(value.canonical)
         if isinstance(value, Semver):

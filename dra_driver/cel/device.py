@@ -50,6 +50,15 @@ def attribute_value(raw: Mapping[str, Any]) -> AttributeValue:
             return parse_semver(str(raw["version"]))
         except SemverError as err:
             raise DeviceDataError(f"parse semantic version: {err}") from err
+    # List forms (DRAListTypeAttributes, alpha in 1.36): CEL sees a list.
+    for key, scalar in (
+        ("ints", "int"),
+        ("bools", "bool"),
+        ("strings", "string"),
+        ("versions", "version"),
+    ):
+        if key in raw:
+            return [attribute_value({scalar: v}) for v in raw[key] or ()]  # type: ignore[return-value]
     raise DeviceDataError(f"unsupported attribute value {dict(raw)!r}")
 
 

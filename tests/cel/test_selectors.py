@@ -85,3 +85,12 @@ def test_quantity_parsing_matches_kubernetes_rules() -> None:
     for bad in ("", "1GiB", "Gi", "1.2.3", "1 Gi", "++1"):
         with pytest.raises(QuantityError):
             parse_quantity(bad)
+
+
+def test_list_type_attributes_are_lists(evaluator: SelectorEvaluator) -> None:
+    # DRAListTypeAttributes (alpha): `ints`, `versions`, ... attributes are CEL lists.
+    raw = {"name": "l", "attributes": {"numa": {"ints": [0, 1]}, "vs": {"versions": ["1.2.0"]}}}
+    dev = cel_device("gpu.nvidia.com", raw)
+    attrs = 'device.attributes["gpu.nvidia.com"]'
+    assert evaluator.matches(f"1 in {attrs}.numa && {attrs}.vs[0].minor() == 2", "l", lambda: dev)
+    assert not evaluator.matches(f"2 in {attrs}.numa", "l", lambda: dev)
