@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from dra_driver.allocation.allocator import Attempt, Choice
@@ -187,10 +187,15 @@ class Simulation:
         ]
 
     def allocate(self, workload: Workload, only_node: str | None = None) -> list[Outcome]:
-        claims = workload.claims
-        nodes = self.candidates(workload, only_node)
+        # A claim shared by several pods is allocated with the first; later pods only
+        # follow it to its node.
+        claims = [c for c in workload.claims if c.allocated is None]
         if not claims:
             return []
+        pinned = [c.allocated_node for c in workload.claims if c.allocated and c.allocated_node]
+        if pinned and not workload.pinned_node:
+            workload = replace(workload, pinned_node=pinned[0])
+        nodes = self.candidates(workload, only_node)
         feasible: list[tuple[Node, list[list[Choice]]]] = []
         error = ""
         for node in nodes:

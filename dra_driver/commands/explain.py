@@ -73,36 +73,46 @@ def _scheduler_message(pod: Mapping[str, Any] | None) -> str:
 
 
 def explain(
-    objects: list[Any], namespace: str, name: str, only_node: str | None, engine: str | None
+    objects: list[Any],
+    namespace: str,
+    name: str,
+    only_node: str | None,
+    engine: str | None,
+    replay: bool = False,
 ) -> dict[str, Any]:
-    """The whole explanation as JSON-able data (the text output renders this)."""
-    from dra_driver.allocation.explain import Explainer
+    """The whole explanation as JSON-able data (the text output renders this).
+
+    ``replay`` (objects from files only): the claims and pods before the target
+    are first allocated in order, as ``simulate`` does, so the explanation sees
+    what they took.
+    """
     from dra_driver.allocation.inputs import build, flatten
-    from dra_driver.allocation.inventory import Inventory
-    from dra_driver.allocation.simulation import Workload, node_allowed
+    from dra_driver.allocation.simulation import Simulation, Workload
     from dra_driver.allocation.state import AllocatedState
-    from dra_driver.cel import SelectorEvaluator, load_engine
 
     items = flatten(objects)
     pods = [o for o in items if o.get("kind") == "Pod"]
-    inputs = build([o for o in items if o.get("kind") != "Pod"], namespace)
+    inputs = build(items if replay else [o for o in items if o.get("kind") != "Pod"], namespace)
     claims = {c.key: c for c in inputs.claims}
     target = claims.get(f"{namespace}/{name}")
     if target is None:
         raise LookupError(f"ResourceClaim {namespace}/{name} not found")
+    ctx = _Context(inputs, engine)
+    if replay:
+        sim = Simulation(ctx.inventory, AllocatedState.from_claims(inputs.claims))
+        workload = Workload(claims=[target])
+        for w in inputs.workloads:
+            if target in w.claims:
+                workload = w
+                break
+            sim.allocate(w)
+        pod = next((p for p in pods if p.get("metadata", {}).get("name") == workload.pod), None)
+        together = [
+            target,
+            *(c for c in workload.claims if c.allocated is None and c is not target),
+        ]
+        return _explain(ctx, target, together, workload, sim.state, pod, only_node)
     pod = _pod_using(pods, namespace, name)
-    body: dict[str, Any] = {
-        "claim": target.key,
-        "pod": (pod or {}).get("metadata", {}).get("name"),
-        "schedulerMessage": _scheduler_message(pod),
-    }
-    if target.allocated is not None:
-        devices: dict[str, list[str]] = {}
-        for r in target.allocated:
-            devices.setdefault(r.request, []).append(r.device.device)
-        body.update(allocated=True, node=target.allocated_node, devices=devices)
-    else:
-        body["allocated"] = False
     together = [target]
     workload = Workload(claims=together)
     if pod is not None:
@@ -125,20 +135,56 @@ def explain(
         workload.pinned_node = target.allocated_node
     keys = {c.key for c in together}
     state = AllocatedState.from_claims(c for c in inputs.claims if c.key not in keys)
-    evaluator = SelectorEvaluator(load_engine(engine))
-    inventory = Inventory(inputs.slices, inputs.classes, inputs.implied_nodes(), evaluator)
-    explainer = Explainer(inventory, state)
+    return _explain(ctx, target, together, workload, state, pod, only_node)
+
+
+class _Context:
+    def __init__(self, inputs: Any, engine: str | None) -> None:
+        from dra_driver.allocation.inventory import Inventory
+        from dra_driver.cel import SelectorEvaluator, load_engine
+
+        self.evaluator = SelectorEvaluator(load_engine(engine))
+        self.inventory = Inventory(
+            inputs.slices, inputs.classes, inputs.implied_nodes(), self.evaluator
+        )
+
+
+def _explain(
+    ctx: _Context,
+    target: Any,
+    together: list[Any],
+    workload: Any,
+    state: Any,
+    pod: Mapping[str, Any] | None,
+    only_node: str | None,
+) -> dict[str, Any]:
+    from dra_driver.allocation.explain import Explainer
+    from dra_driver.allocation.simulation import node_allowed
+
+    body: dict[str, Any] = {
+        "claim": target.key,
+        "pod": (pod or {}).get("metadata", {}).get("name"),
+        "schedulerMessage": _scheduler_message(pod),
+    }
+    if target.allocated is not None:
+        devices: dict[str, list[str]] = {}
+        for r in target.allocated:
+            devices.setdefault(r.request, []).append(r.device.device)
+        body.update(allocated=True, node=target.allocated_node, devices=devices)
+    else:
+        body["allocated"] = False
+    explainer = Explainer(ctx.inventory, state)
     fresh = [c if c.allocated is None else _unallocated(c) for c in together]
     reports = []
     skipped = 0
-    for node in inventory.nodes:
+    for node in ctx.inventory.nodes:
         if only_node and node.name != only_node:
             continue
         if not node_allowed(workload, node):
             skipped += 1
             continue
         reports.append(explainer.node(node, fresh, fresh[0]).as_json())
-    body["engine"] = evaluator.engine_name
+    body["engine"] = ctx.evaluator.engine_name
     body["otherClaimsAllocatedTogether"] = [c.key for c in together[1:]]
     body["nodesExcludedByPod"] = skipped
     body["nodes"] = reports
@@ -232,7 +278,8 @@ def run(args: argparse.Namespace) -> int:
             return 1
     objects += read_files(args.filename)
     try:
-        body = explain(objects, namespace, name, args.node, args.engine)
+        replay = bool(args.filename) and not args.kubeconfig
+        body = explain(objects, namespace, name, args.node, args.engine, replay)
     except (LookupError, ModelError, EngineUnavailable) as err:
         print(f"dra-driver explain: {err}", file=sys.stderr)
         return 1

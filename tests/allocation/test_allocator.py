@@ -216,3 +216,28 @@ def test_no_execute_taint_tolerated_without_effect_is_allocated_with_a_warning(s
     assert loose["c"]["allocated"] and "evicts the pod" in loose["c"]["warnings"][0]
     strict = [{"key": "health", "operator": "Exists", "effect": "NoExecute"}]
     assert "warnings" not in sim([*objs, claim("c", exact("g", tolerations=strict))])["c"]
+
+
+def test_a_claim_shared_by_two_pods_is_allocated_once(sim) -> None:
+    def pod(name: str, claim_name: str) -> dict:
+        ref = {"name": "c", "resourceClaimName": claim_name}
+        return {"kind": "Pod", "metadata": {"name": name, "namespace": "ns"},
+                "spec": {"resourceClaims": [ref]}}  # fmt: skip
+
+    objs = [rslice("n1", GPUS), rslice("n2", GPUS), device_class(), claim("shared", exact("g"))]
+    objs += [claim("own", exact("g", count=4)), pod("a", "shared"), pod("b", "shared")]
+    objs.append(
+        {
+            **pod("c", "own"),
+            "spec": {
+                "resourceClaims": [
+                    {"name": "c", "resourceClaimName": "own"},
+                    {"name": "d", "resourceClaimName": "shared"},
+                ]
+            },
+        }
+    )
+    out = sim(objs)
+    assert out["shared"]["devices"] == {"g": ["gpu-0"]} and out["shared"]["node"] == "n1"
+    # The third pod also uses the shared claim, so it must go to n1, where 3 GPUs are left.
+    assert not out["own"]["allocated"]

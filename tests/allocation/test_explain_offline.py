@@ -114,3 +114,21 @@ def test_match_attribute_hint_lists_the_values() -> None:
     (hint,) = reasons(objs, "c")["_node"]["hints"]
     assert "matchAttribute gpu.example.com/numa" in hint
     assert "0 (2 devices), 1 (2 devices)" in hint
+
+
+def test_replay_sees_earlier_claims_and_template_claims() -> None:
+    template = {
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": "t", "namespace": "ns"},
+        "spec": {"spec": claim("x", exact("g", count=2))["spec"]},
+    }
+    ref = {"name": "gpus", "resourceClaimTemplateName": "t"}
+    pod = {"kind": "Pod", "metadata": {"name": "p", "namespace": "ns"},
+           "spec": {"resourceClaims": [ref]}}  # fmt: skip
+    objs = [rslice("n1", [device("a"), device("b")]), device_class(), claim("first", exact("g")),
+            template, pod]  # fmt: skip
+    body = explain(objs, "ns", "p-gpus", None, "cel-expr-python", replay=True)
+    assert body["pod"] == "p" and body["allocated"] is False
+    (node,) = body["nodes"]
+    devices = {d["device"]: d["reason"] for d in node["requests"][0]["devices"]}
+    assert devices == {"a": "in use by claim ns/first", "b": "qualifies"}
