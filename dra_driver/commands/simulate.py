@@ -33,7 +33,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-o", "--output", choices=("table", "json"), default="table")
     parser.add_argument(
         "--kubeconfig",
-        help="also read nodes, classes, slices and existing claims from this cluster",
+        help="also read nodes, classes, slices and allocated claims (what is in use) "
+        "from this cluster; only the claims from -f are simulated",
     )
     parser.add_argument("--context", help="kubeconfig context (with --kubeconfig)")
     parser.add_argument(
@@ -104,7 +105,13 @@ def run(args: argparse.Namespace) -> int:
         from dra_driver.allocation.live import ClusterError, LiveCluster
 
         try:
-            objects.extend(LiveCluster(args.kubeconfig, args.context).objects())
+            # The cluster's allocated claims hold devices; its pending ones are the
+            # scheduler's business, not part of this simulation.
+            objects.extend(
+                obj
+                for obj in LiveCluster(args.kubeconfig, args.context).objects()
+                if obj["kind"] != "ResourceClaim" or (obj.get("status") or {}).get("allocation")
+            )
         except ClusterError as err:
             print(f"dra-driver simulate: {err}", file=sys.stderr)
             return 1
