@@ -14,6 +14,19 @@ It also replays the phases in order with ``Simulation`` and counts how often
 the very same devices were chosen (the allocator is deterministic, so all of
 them should be). Every difference fails the test unless it is listed in
 EXCEPTIONS with its justification.
+
+Two checks fall back to the claims created before the pod when the final state
+disagrees, for reasons that are Kubernetes behaviour, not allocator rules:
+admin-access shares are not counted in the cluster's allocated state, so a
+later claim may use capacity an admin share took at the time; and a pod whose
+last attempt met a CEL error on a device that is in use by the end stays
+pending until the scheduler's backoff retry, which may come after the test
+reads the state. Both are counted in the printed stats.
+
+A NoExecute taint tolerated by a toleration without an effect is left out of
+the corpus: the scheduler allocates the device, then the device-taint-eviction
+controller (which only honours effect NoExecute) deletes the pod; ``simulate``
+warns about exactly this.
 """
 
 from __future__ import annotations
@@ -185,12 +198,15 @@ def test_simulate_agrees_with_the_kube_scheduler(cluster: Cluster, tmp_path: Pat
                 message = str((_condition(pod) or {}).get("message", ""))
                 record["scheduler_message"] = message
                 found, sim_error = _attempt(inventory, state, node, fresh)
-                if found is None and ("CEL" in message) != ("CEL" in sim_error):
+                if ("CEL" in message) != ("CEL" in sim_error):
                     # The scheduler's message is from its last attempt; a device whose
-                    # selector errored then may be in use by now and no longer evaluated.
+                    # selector errored then may be in use by now and no longer evaluated
+                    # (its next retry, after a backoff, would then succeed).
                     earlier = AllocatedState.from_claims(parse_claim(c) for c in before)
-                    found, sim_error = _attempt(inventory, earlier, node, fresh)
-                    stats["reason_in_creation_order"] += found is None
+                    found_then, error_then = _attempt(inventory, earlier, node, fresh)
+                    if found_then is None and ("CEL" in message) == ("CEL" in error_then):
+                        stats["reason_in_creation_order"] += 1
+                        found, sim_error = None, error_then
                 if found is not None:
                     record["difference"] = "scheduler left it pending; our allocator allocates"
                     record["simulated"] = [[str(ch.device_id) for ch in cl] for cl in found]
