@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 
 from dra_driver.commands import observability
 from dra_driver.commands.discover import add_host_arguments, gpu_host
+from dra_driver.commands.slices import consumable_gpus
 
 if TYPE_CHECKING:
     from dra_driver.gpu.inventory import Inventory
@@ -133,6 +134,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "MIG profile and placement through shared counters, the instance created at prepare "
         "and destroyed at unprepare (GPUs with MIG off stay whole; MIG mode is never "
         "changed) (env MIG_MODE; default %(default)s)",
+    )
+    parser.add_argument(
+        "--consumable-gpus",
+        type=consumable_gpus,
+        default=_env("CONSUMABLE_GPUS", "none"),
+        help="full GPUs published for sharing by many claims (consumable capacity: memory and "
+        "computeShare): none, all, or product names and GPU UUIDs separated by commas "
+        "(env CONSUMABLE_GPUS; default none)",
     )
     parser.add_argument(
         "--rolling-update-uid",
@@ -250,6 +259,7 @@ def run(args: argparse.Namespace) -> int:
                 usage_interval_s=args.usage_interval,
                 registry=registry,
                 mig_mode=args.mig_mode,
+                consumable=args.consumable_gpus,
             )
             settings = PluginSettings(
                 driver_name=args.driver_name,

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from dra_driver.gpu.devices import NumaAttributeForm
     from dra_driver.gpu.inventory import Inventory
     from dra_driver.gpu.partitions import MigMode
+    from dra_driver.gpu.shares import ConsumableGpus
 
 NAME = "slices"
 HELP = "print the ResourceSlices this node would publish"
@@ -67,10 +68,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "and placement through shared counters, created at prepare (env MIG_MODE; default "
         "%(default)s)",
     )
+    parser.add_argument(
+        "--consumable-gpus",
+        type=consumable_gpus,
+        default=os.environ.get("CONSUMABLE_GPUS") or "none",
+        help="GPUs published for sharing: none, all, or product names and GPU UUIDs "
+        "separated by commas (env CONSUMABLE_GPUS; default none)",
+    )
     add_host_arguments(parser)
     parser.add_argument(
         "-o", "--output", choices=("yaml", "json"), default="yaml", help="default %(default)s"
     )
+
+
+def consumable_gpus(text: str) -> ConsumableGpus:
+    """argparse type of ``--consumable-gpus``."""
+    from dra_driver.gpu.shares import ConsumableGpus
+
+    try:
+        return ConsumableGpus.parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def resource_slices(
@@ -83,9 +101,11 @@ def resource_slices(
     taint_degraded: bool = False,
     numa_attribute_form: NumaAttributeForm = "scalar",
     mig_mode: MigMode = "static",
+    consumable: ConsumableGpus | None = None,
 ) -> list[dict[str, Any]]:
     """The ResourceSlice objects for ``inventory``; raises SliceValidationError if invalid."""
     from dra_driver.gpu.devices import build_pool
+    from dra_driver.gpu.shares import ConsumableGpus, consumable_pool
     from dra_driver.plugin.slices import slice_object, split_pool, validate_names, validate_pool
 
     validate_names(driver_name, node_name)
@@ -96,6 +116,7 @@ def resource_slices(
         numa_attribute_form=numa_attribute_form,
         mig_mode=mig_mode,
     )
+    pool = consumable_pool(pool, inventory, consumable or ConsumableGpus())
     validate_pool(pool)
     contents = split_pool(pool)
     objects = [
@@ -133,6 +154,7 @@ def run(args: argparse.Namespace) -> int:
             taint_degraded=args.taint_degraded,
             numa_attribute_form=args.numa_attribute_form,
             mig_mode=args.mig_mode,
+            consumable=args.consumable_gpus,
         )
     except (DiscoveryError, ProfileError, SliceValidationError, FileExistsError) as exc:
         print(f"dra-driver slices: {exc}", file=sys.stderr)

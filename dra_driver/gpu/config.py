@@ -24,12 +24,11 @@ means no sharing (the default strategy).
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from decimal import Decimal, DecimalException
 from typing import Any, Literal, Protocol
 
+from dra_driver import quantities
 from dra_driver.errors import DriverError
 from dra_driver.plugin.claims import Claim
 
@@ -83,44 +82,21 @@ class DeviceConfig:
     """Where it came from, for messages and grouping (e.g. ``config[1]``)."""
 
 
-_QUANTITY = re.compile(r"^([+-]?(?:\d+\.?\d*|\.\d+))(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE][+-]?\d+)?$")
-_SUFFIX = {
-    "": Decimal(1),
-    "n": Decimal("1e-9"),
-    "u": Decimal("1e-6"),
-    "m": Decimal("1e-3"),
-    "k": Decimal(10) ** 3,
-    "M": Decimal(10) ** 6,
-    "G": Decimal(10) ** 9,
-    "T": Decimal(10) ** 12,
-    "P": Decimal(10) ** 15,
-    "E": Decimal(10) ** 18,
-    **{s: Decimal(1024) ** (i + 1) for i, s in enumerate(("Ki", "Mi", "Gi", "Ti", "Pi", "Ei"))},
-}
-
-
 def parse_quantity(value: object, path: str) -> int:
     """A Kubernetes quantity (``10Gi``, ``1.5G``, ``1e9``, ``512``) as whole bytes, rounded
     up; at most 8Ei, like the API server's int64."""
     if isinstance(value, bool) or not isinstance(value, str | int):
         raise ConfigError(f"{path}: must be a quantity such as 8Gi or 4096Mi, got {value!r}")
-    m = _QUANTITY.match(str(value).strip())
-    if not m or len(m.group(1)) > 40:
-        raise ConfigError(f"{path}: {value!r} is not a quantity (examples: 8Gi, 4096Mi, 1e9)")
-    suffix = m.group(2) or ""
     too_big = ConfigError(f"{path}: {value!r} is out of range; the maximum is 8Ei")
-    if suffix not in _SUFFIX:  # exponent form, e.g. e9 (E alone is exa, Ei exbi)
-        exponent = int(suffix[1:])
-        if exponent > 40:  # never build a huge Decimal: 40 digits * 10^40 is beyond 8Ei
-            raise too_big
-        scale = Decimal(10) ** max(exponent, -41)  # smaller ones round up alike
-    else:
-        scale = _SUFFIX[suffix]
     try:
-        total = Decimal(m.group(1)) * scale
-        result = int(total.to_integral_value(rounding="ROUND_CEILING"))
-    except DecimalException as exc:
-        raise ConfigError(f"{path}: {value!r} is not a quantity") from exc
+        total = quantities.parse(value)
+    except quantities.QuantityRangeError:
+        raise too_big from None
+    except quantities.QuantityError:
+        raise ConfigError(
+            f"{path}: {value!r} is not a quantity (examples: 8Gi, 4096Mi, 1e9)"
+        ) from None
+    result = int(total.to_integral_value(rounding="ROUND_CEILING"))
     if abs(result) > MAX_QUANTITY:
         raise too_big
     return result

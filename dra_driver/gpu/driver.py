@@ -51,6 +51,12 @@ from dra_driver.gpu.nvml import Nvml
 from dra_driver.gpu.nvmlmonitor import CallObserver
 from dra_driver.gpu.partitions import MigMode, OwnedInstance
 from dra_driver.gpu.preparing import ClaimPreparer
+from dra_driver.gpu.shares import (
+    ENFORCING_DRIVER,
+    ConsumableGpus,
+    can_enforce,
+    consumable_pool,
+)
 from dra_driver.gpu.sharing import GpuTools
 from dra_driver.gpu.strategies.dynamicmig import owned_by
 from dra_driver.gpu.usage import UsageCollector, UsageSampler, targets_for
@@ -89,6 +95,7 @@ class GpuDriver:
         usage_interval_s: float = 10.0,
         registry: CollectorRegistry | None = None,
         mig_mode: MigMode = "static",
+        consumable: ConsumableGpus | None = None,
     ) -> None:
         """Runs the first discovery now, so a node without a usable driver fails at start,
         then finishes whatever prepare or unprepare a previous process left half done.
@@ -99,6 +106,8 @@ class GpuDriver:
         ``nvml_observer`` and ``health_events`` receive the monitor's NVML calls and
         what it saw (metrics). With a ``registry``, per-claim GPU usage is sampled every
         ``usage_interval_s`` (0: never) once the plugin hands over its prepared claims.
+        ``consumable``: the GPUs published for sharing (``--consumable-gpus``,
+        :mod:`dra_driver.gpu.shares`).
         """
         self._driver_name = driver_name
         self._pool_name = pool_name
@@ -107,6 +116,7 @@ class GpuDriver:
         self._taint_degraded = taint_degraded
         self._numa_form: NumaAttributeForm = numa_attribute_form
         self._mig_mode: MigMode = mig_mode
+        self._consumable = consumable or ConsumableGpus()
         self._lock = threading.Lock()
         self._monitor = (
             HealthMonitor(
@@ -143,6 +153,8 @@ class GpuDriver:
         )
         self._owned: frozenset[OwnedInstance] = frozenset()
         self._inventory = discover()
+        if self._consumable:
+            _say_consumable(self._consumable, self._inventory, logger)
         self._preparer = ClaimPreparer(
             driver_name=driver_name,
             inventory=self.inventory,
@@ -178,7 +190,7 @@ class GpuDriver:
             name: taints_for(faults, driver_name=self._driver_name, policy=policy)
             for name, faults in device_faults(health, inventory).items()
         }
-        return build_pool(
+        pool = build_pool(
             inventory,
             driver_name=self._driver_name,
             taint_degraded=self._taint_degraded,
@@ -187,6 +199,7 @@ class GpuDriver:
             mig_mode=self._mig_mode,
             owned=self._owned,
         )
+        return consumable_pool(pool, inventory, self._consumable)
 
     def inventory(self) -> Inventory:
         with self._lock:
@@ -228,7 +241,12 @@ class GpuDriver:
             self._monitor.stop()
 
     def _sharing(self) -> dict[str, str]:
-        names = {"MPS": "mps", "TimeSlicing": "time-slicing"}
+        names = {
+            "MPS": "mps",
+            "TimeSlicing": "time-slicing",
+            "MpsShares": "mps",
+            "TimeSlicedShares": "time-slicing",
+        }
         return {uid: names.get(s, "exclusive") for uid, s in self._preparer.strategies().items()}
 
     def watch_claims(self, claims: Callable[[], list[PreparedClaim]]) -> None:
@@ -312,3 +330,25 @@ class GpuDriver:
                 DeviceHealth(self._pool_name, d.name, "Unhealthy" if bad else "Healthy", message)
             )
         return out
+
+
+def _say_consumable(selection: ConsumableGpus, inventory: Inventory, log: logging.Logger) -> None:
+    """At start: what sharing will be on this node, so an admin sees it before a claim fails."""
+    shared = [g.uuid for g in inventory.gpus if not g.mig_enabled and selection.selects(g)]
+    unmatched = selection.unmatched(inventory)
+    if unmatched:
+        log.warning(
+            "--consumable-gpus names no GPU of this node: %s; this node has %s",
+            ", ".join(unmatched),
+            ", ".join(sorted({g.product_name for g in inventory.gpus})) or "no GPU",
+        )
+    if shared and not can_enforce(inventory.driver_version):
+        log.warning(
+            "driver %s cannot enforce fractional shares (r%d+ runs one MPS server per share "
+            "on an EXCLUSIVE_PROCESS GPU): a fractional share fails to prepare unless its "
+            "config asks for advisory time-slicing (sharing.strategy: TimeSlicing); whole-GPU "
+            "claims are unaffected",
+            inventory.driver_version,
+            ENFORCING_DRIVER,
+        )
+    log.info("consumable GPUs", extra={"gpus": shared})

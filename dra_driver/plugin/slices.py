@@ -19,6 +19,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from dra_driver.plugin.requestpolicy import capacity_problems
 from dra_driver.plugin.resources import Capacity, CounterSet, Device, ListValue, Pool, Version
 
 MAX_DEVICES = 128
@@ -102,9 +103,12 @@ def _validate_device(i: int, d: Device, sets: dict[str, CounterSet], problems: l
             problems.append(
                 f"{at}.attributes[{key!r}]: string is {len(value)} characters; at most {MAX_STRING}"
             )
-    for key in d.capacity:
+    for key, cap in d.capacity.items():
         if why := _qualified_name(key):
             problems.append(f"{at}.capacity[{key!r}]: {why}")
+        problems.extend(
+            capacity_problems(f"{at}.capacity[{key!r}]", cap, d.allow_multiple_allocations)
+        )
     if list_values > MAX_LIST_VALUES:
         problems.append(
             f"{at}.attributes: {list_values} list values; at most {MAX_LIST_VALUES} per device"

@@ -3,13 +3,16 @@ and deploy/deviceclasses, and acceptance by the real API server (dry run)."""
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
+from dra_driver.commands import kubelet_plugin
 from dra_driver.devcluster import ApiError, Cluster
+from dra_driver.gpu.shares import ConsumableGpus
 from tests.e2e.helm import (
     CHART,
     MANIFESTS,
@@ -119,6 +122,22 @@ def test_host_paths_are_mounted_at_the_same_path_and_probes_hit_the_health_port(
     assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "health"}
     assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
     assert pod["serviceAccountName"] == "dra-driver-kubelet-plugin"
+
+
+def test_consumable_gpus_reach_the_plugin_through_its_env(
+    helm: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def env(*args: str) -> dict[str, str]:
+        (container,) = daemonset(render(helm, *args))["spec"]["template"]["spec"]["containers"]
+        return {e["name"]: e.get("value", "") for e in container["env"]}
+
+    assert env()["CONSUMABLE_GPUS"] == "none"
+    value = env("--set-string", "consumableGpus=NVIDIA L4")["CONSUMABLE_GPUS"]
+    monkeypatch.setenv("CONSUMABLE_GPUS", value)
+    parser = argparse.ArgumentParser()
+    kubelet_plugin.add_arguments(parser)
+    args = parser.parse_args(["--node-name=n"])
+    assert args.consumable_gpus == ConsumableGpus(names=frozenset({"NVIDIA L4"}))
 
 
 def test_rolling_update_switch(helm: Path) -> None:

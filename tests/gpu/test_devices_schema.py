@@ -11,6 +11,7 @@ import yaml
 
 from dra_driver.commands.slices import resource_slices
 from dra_driver.gpu.emulation import BUILTIN_PROFILES
+from dra_driver.gpu.shares import ConsumableGpus
 
 VERSIONS = ("1.34", "1.37")
 DEVICECLASSES = Path(__file__).parents[2] / "deploy" / "deviceclasses"
@@ -28,6 +29,23 @@ def test_slices_match_the_api_schema(make_node, discover_node, profile: str, ver
     # dgx-a100-mig-on has only MIG-mode GPUs without instances: nothing to offer statically.
     has_devices = all(s["spec"].get("devices") for s in slices)
     assert slices and has_devices == (profile != "dgx-a100-mig-on")
+    for obj in slices:
+        assert kubernetes_validate.validate(obj, version, strict=True) == version
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("profile", ["dgx-h100", "l4-x4"])
+def test_consumable_gpus_match_the_api_schema(
+    make_node, discover_node, profile: str, version: str
+) -> None:
+    slices = resource_slices(
+        discover_node(make_node(profile)),
+        driver_name="gpu.nvidia.com",
+        node_name="node-a",
+        consumable=ConsumableGpus(all=True),
+    )
+    devices = [d for s in slices for d in s["spec"]["devices"]]
+    assert devices and all(d["allowMultipleAllocations"] for d in devices)
     for obj in slices:
         assert kubernetes_validate.validate(obj, version, strict=True) == version
 
