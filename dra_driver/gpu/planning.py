@@ -102,9 +102,12 @@ def plan_claim(
     types: dict[str, DeviceType] = {t.name: t.type for t in targets}
     try:
         configs = resolve(claim, types, strategies.decoders())
-        units = _units(claim.uid, targets, configs, strategies)
     except ConfigError as exc:
         raise PrepareError(f"invalid opaque config: {exc}", permanent=True) from exc
+    try:
+        units = _units(claim.uid, targets, configs, strategies)
+    except ConfigError as exc:
+        raise PrepareError(f"cannot prepare as allocated: {exc}", permanent=True) from exc
     locks = frozenset(gpu_name_of(t.name) for t in targets)
     for unit in units:
         for key in unit.shared:
@@ -159,7 +162,20 @@ def _units(
 
 def check_conflicts(cp: Checkpoint, uid: str, entry: ClaimEntry) -> None:
     """A device another claim holds is refused, unless either side has admin access or
-    both are shares (consumable capacity); an unfinished teardown still holds it."""
+    both are shares (consumable capacity); an unfinished teardown still holds it. A
+    shared resource belongs to one strategy at a time: another strategy's unit naming
+    it waits (retried) until the last claim using it is gone."""
+    for unit in entry.units:
+        for key in unit.shared:
+            held = cp.shared.get(key)
+            if held is not None and held.strategy != unit.strategy:
+                users = [f"{cp.claims[u].namespace}/{cp.claims[u].name}" for u in cp.users_of(key)
+                         if u != uid]  # fmt: skip
+                raise PrepareError(
+                    f"{key} is in use by strategy {held.strategy} (claims: "
+                    f"{', '.join(users) or 'none; being released'}); a {unit.strategy} unit "
+                    "cannot use it until they are unprepared; retried"
+                )
     mine = {d.device: d for d in entry.devices}
     for other_uid, other in cp.claims.items():
         if other_uid == uid:

@@ -132,7 +132,9 @@ class ClaimPreparer:
         if problem is not None:  # said at start, not first when an MPS claim arrives
             logger.warning("MPS claims will fail on this node: %s", problem)
         self._strategies = (
-            strategies if strategies is not None else builtin(commands, daemons, mig_instances)
+            strategies
+            if strategies is not None
+            else builtin(commands, daemons, inventory, mig_instances)
         )
         self._catalogs = any(isinstance(st, DeviceCatalog) for st in self._strategies)
         self._on_step = on_step or (lambda _name: None)

@@ -32,12 +32,16 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from dra_driver import quantities
 from dra_driver.gpu.devices import quantity
 from dra_driver.gpu.inventory import Gpu, Inventory
 from dra_driver.gpu.naming import gpu_device_name
 from dra_driver.plugin.resources import Capacity, CapacityPolicy, Pool
+
+if TYPE_CHECKING:
+    from dra_driver.gpu.strategies.base import Target
 
 MEMORY = "memory"
 COMPUTE = "computeShare"
@@ -177,6 +181,17 @@ def share_of(gpu: Gpu, consumed: Mapping[str, str], where: str) -> Share:
             f"{where}: consumedCapacity.{COMPUTE} {consumed.get(COMPUTE)!r}; allowed 0..100"
         )
     return Share(gpu_memory=gpu.memory_bytes, memory=memory, compute=compute)
+
+
+def is_fractional(target: Target) -> bool:
+    """A share that must be held to its part of the GPU (less than all of it). Also True
+    when the allocation cannot be read, so the share strategy reports why."""
+    if target.share_id is None or not isinstance(target.device, Gpu):
+        return False
+    try:
+        return not share_of(target.device, target.consumed_capacity, target.name).whole
+    except ShareError:
+        return True
 
 
 def _amount(consumed: Mapping[str, str], key: str, where: str, default: int | None = None) -> int:

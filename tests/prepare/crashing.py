@@ -1,23 +1,27 @@
 """Run one prepare or unprepare in a child process and SIGKILL it after step N.
 
-Usage: ``python -m tests.prepare.crashing <node root> prepare|unprepare`` with
-``DRA_TEST_KILL_AT=N`` (counted from the first step of that call; 0 or unset:
-no kill). ``unprepare`` prepares the claim first (not counted), then unprepares
-it. Without a kill the step names of the call are printed, one per line.
+Usage: ``python -m tests.prepare.crashing <node root> prepare|unprepare [share]``
+with ``DRA_TEST_KILL_AT=N`` (counted from the first step of that call; 0 or
+unset: no kill). ``unprepare`` prepares the claim first (not counted), then
+unprepares it. Without a kill the step names of the call are printed, one per
+line. ``share``: the claim is :data:`SHARE_CLAIM`, an enforced share of gpu-2
+on an r615 driver, instead of :func:`crash_claim`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import sys
 from pathlib import Path
 
 from dra_driver.plugin.claims import ClaimRef
-from tests.prepare.hosttree import claim, gpu_config, open_node
+from tests.prepare.hosttree import ENFORCING_VERSION, claim, gpu_config, open_node, share_claim
 
 CRASH_UID = "0a1b2c3d-0000-4000-8000-00000000dead"
 CRASH_REF = ClaimRef("ns", "c1", CRASH_UID)
+SHARE_CLAIM = share_claim(CRASH_UID, namespace="team-a", name="c1", memory="30Gi", compute="25")
 
 
 def crash_claim():  # type: ignore[no-untyped-def]
@@ -38,6 +42,10 @@ def crash_claim():  # type: ignore[no-untyped-def]
 def main() -> None:
     node = open_node(Path(sys.argv[1]))
     call = sys.argv[2]
+    shares = sys.argv[3:] == ["share"]
+    if shares:
+        node.inventory = dataclasses.replace(node.inventory, driver_version=ENFORCING_VERSION)
+    prepared = SHARE_CLAIM if shares else crash_claim()
     kill_at = int(os.environ.get("DRA_TEST_KILL_AT", "0"))
     steps: list[str] = []
     counting = False
@@ -51,12 +59,12 @@ def main() -> None:
 
     preparer = node.preparer(on_step=on_step)
     if call == "unprepare":
-        preparer.prepare(crash_claim())
+        preparer.prepare(prepared)
         counting = True
-        preparer.unprepare(CRASH_REF)
+        preparer.unprepare(prepared.ref)
     else:
         counting = True
-        preparer.prepare(crash_claim())
+        preparer.prepare(prepared)
     print("\n".join(steps))
 
 

@@ -23,6 +23,8 @@ from dra_driver.plugin.claims import AllocatedDevice, Claim, ClaimRef, OpaqueCon
 
 DRIVER = "gpu.nvidia.com"
 VERSION = "580.95.05"
+ENFORCING_VERSION = "615.20.01"
+"""A driver branch on which MPS shares are enforced (fictional patch numbers)."""
 PROC_DEVICES = """Character devices:
   1 mem
 195 nvidia-frontend
@@ -247,4 +249,31 @@ def open_node(root: Path) -> Node:
         ),
         cdi_dir=root / "run" / "cdi",
         state_dir=state_dir_for(root),
+    )
+
+
+def share_claim(
+    uid: str,
+    *,
+    namespace: str = "ns",
+    name: str = "share",
+    device: str = "gpu-2",
+    memory: str = "20Gi",
+    compute: str = "0",
+    share_id: str | None = None,
+    configs: list[OpaqueConfig] | None = None,
+) -> Claim:
+    """A claim holding one share of a consumable GPU, as the scheduler allocates it."""
+    return Claim(
+        ref=ClaimRef(namespace=namespace, name=name, uid=uid),
+        devices=(
+            AllocatedDevice(
+                request="gpu",
+                pool="node-a",
+                device=device,
+                share_id=share_id or f"5e5e{uid[4:]}",
+                consumed_capacity={"memory": memory, "computeShare": compute},
+            ),
+        ),
+        configs=tuple(configs or ()),
     )

@@ -44,10 +44,10 @@ UNPREPARE_STEPS = [
 ]
 
 
-def run_child(node: Node, call: str, kill_at: int) -> subprocess.CompletedProcess[str]:
+def run_child(node: Node, call: str, kill_at: int, *extra: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "DRA_TEST_KILL_AT": str(kill_at), "PYTHONPATH": str(REPO)}
     return subprocess.run(
-        [sys.executable, "-m", "tests.prepare.crashing", str(node.root), call],
+        [sys.executable, "-m", "tests.prepare.crashing", str(node.root), call, *extra],
         env=env,
         capture_output=True,
         text=True,

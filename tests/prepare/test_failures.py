@@ -79,7 +79,9 @@ def test_d2_any_exception_after_mps_started_rolls_everything_back(node: Node) ->
     commands = GpuCommands(tools=node.tools, logger=logging.getLogger("t"))
     daemons = MpsDaemons(root=node.state_dir / "mps", commands=commands, tools=node.tools)
     exploding = Exploding()
-    p = node.preparer(strategies=Strategies([*builtin(commands, daemons), exploding]))
+    p = node.preparer(
+        strategies=Strategies([*builtin(commands, daemons, lambda: node.inventory), exploding])
+    )
     for attempt in range(3):  # every retry fails the same way and leaves nothing
         with pytest.raises(PrepareError) as err:
             p.prepare(claim(configs=[MPS]))

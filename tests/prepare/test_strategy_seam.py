@@ -1,11 +1,13 @@
 """The sharing-strategy seam, exercised by the kinds of strategy still to come.
 
-``Shares`` stands in for fractional GPUs (issue 13): many claims, each with a
-``share_id``, share one per-GPU resource that must exist while any share does and
-be gone after the last. ``Instances`` stands in for dynamic MIG (issue 12): it
-learns an ID from the hardware while applying and must record it before the next
-step can fail. Both are plain implementations of the protocol; the pipeline does
-the recording, reference counting, crash recovery and rollback.
+``Shares`` is a minimal fractional-GPU strategy (the real ones are
+:mod:`~dra_driver.gpu.strategies.mpsshares` and ``timeslicedshares``, left out
+here): many claims, each with a ``share_id``, share one per-GPU resource that
+must exist while any share does and be gone after the last. ``Instances`` stands
+in for dynamic MIG (issue 12): it learns an ID from the hardware while applying
+and must record it before the next step can fail. Both are plain implementations
+of the protocol; the pipeline does the recording, reference counting, crash
+recovery and rollback.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +28,8 @@ from dra_driver.gpu.naming import gpu_name_of
 from dra_driver.gpu.sharing import GpuCommands
 from dra_driver.gpu.strategies import Strategies, builtin
 from dra_driver.gpu.strategies.base import Steps, Target, Unit
+from dra_driver.gpu.strategies.mpsshares import MpsSharesStrategy
+from dra_driver.gpu.strategies.timeslicedshares import TimeSlicedSharesStrategy
 from dra_driver.plugin.backend import PrepareError
 from dra_driver.plugin.claims import AllocatedDevice, Claim, ClaimRef
 from tests.prepare.hosttree import Node
@@ -131,7 +136,9 @@ class Instances:
 def _strategies(node: Node, *extra: Any) -> Strategies:
     commands = GpuCommands(tools=node.tools, logger=logging.getLogger("t"))
     daemons = MpsDaemons(root=node.state_dir / "mps", commands=commands, tools=node.tools)
-    return Strategies([*extra, *builtin(commands, daemons)])
+    builtins = builtin(commands, daemons, lambda: node.inventory)
+    real_shares = (MpsSharesStrategy.name, TimeSlicedSharesStrategy.name)
+    return Strategies([*extra, *(s for s in builtins if s.name not in real_shares)])
 
 
 def share(i: int, device: str = "gpu-2") -> Claim:
@@ -231,3 +238,43 @@ def test_an_id_recorded_while_applying_is_undone_after_a_kill_and_on_rollback(
     with pytest.raises(PrepareError, match="RuntimeError: compute instance creation failed"):
         p.prepare(failing)
     assert files(hw) == ["instance-7"]  # the failed claim's instance 8 was destroyed
+
+
+class OtherShares(Shares):
+    """Another strategy naming the same per-GPU resource, for requests named ``other``."""
+
+    name = "OtherShares"
+
+    def wants(self, target: Target, config: DeviceConfig) -> bool:
+        return target.share_id is not None and target.request == "other"
+
+
+class FirstShares(Shares):
+    def wants(self, target: Target, config: DeviceConfig) -> bool:
+        return target.share_id is not None and target.request != "other"
+
+
+def test_a_shared_resource_belongs_to_one_strategy_until_its_last_user_goes(
+    node: Node, hw: Path
+) -> None:
+    first, other = FirstShares(hw), OtherShares(hw)
+    p = node.preparer(strategies=_strategies(node, first, other))
+    p.prepare(share(0))
+    theirs = share(1)
+    theirs = Claim(theirs.ref, (replace(theirs.devices[0], request="other"),))
+    with pytest.raises(PrepareError) as err:
+        p.prepare(theirs)
+    assert str(err.value).endswith(
+        "gpu-2/daemon is in use by strategy TestShares (claims: ns0/share0); a OtherShares "
+        "unit cannot use it until they are unprepared; retried"
+    )
+    assert not err.value.permanent and other.acquired == []
+    cp = json.loads((node.state_dir / "checkpoint.json").read_text())
+    assert list(cp["claims"]) == [UIDS[0]]
+    p.unprepare(share(0).ref)
+    p.prepare(theirs)
+    assert other.acquired == ["gpu-2/daemon"]
+    cp = json.loads((node.state_dir / "checkpoint.json").read_text())
+    assert cp["shared"]["gpu-2/daemon"]["strategy"] == "OtherShares"
+    p.unprepare(theirs.ref)
+    assert files(hw) == []

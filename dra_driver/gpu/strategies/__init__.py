@@ -1,14 +1,18 @@
 """Ways of preparing a GPU, each one implementation of :class:`base.SharingStrategy`.
 
 :func:`builtin` gives the preparer its strategies in apply order: Exclusive
-(no config), TimeSlicing, MPS, and first of all DynamicMIG when the node creates MIG
-instances at prepare. A new way (dynamic MIG, consumable shares) is a
-new module here and one more entry in that list.
+(no config), TimeSlicing, MPS (whole GPUs and MIG devices), MpsShares and
+TimeSlicedShares (fractional shares of consumable GPUs), and first of all
+DynamicMIG when the node creates MIG instances at prepare. A new way is a new
+module here and one more entry in that list.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from dra_driver.gpu.config import SharingDecoder
+from dra_driver.gpu.inventory import Inventory
 from dra_driver.gpu.miginstances import MigInstances
 from dra_driver.gpu.mpsdaemons import MpsDaemons
 from dra_driver.gpu.sharing import GpuCommands
@@ -25,6 +29,8 @@ from dra_driver.gpu.strategies.base import (
 from dra_driver.gpu.strategies.dynamicmig import DynamicMigStrategy
 from dra_driver.gpu.strategies.exclusive import ExclusiveStrategy
 from dra_driver.gpu.strategies.mps import MpsDecoder, MpsStrategy
+from dra_driver.gpu.strategies.mpsshares import MpsSharesStrategy
+from dra_driver.gpu.strategies.timeslicedshares import TimeSlicedSharesStrategy
 from dra_driver.gpu.strategies.timeslicing import TimeSlicingDecoder, TimeSlicingStrategy
 
 DECODERS: dict[str, SharingDecoder] = {
@@ -35,10 +41,15 @@ DECODERS: dict[str, SharingDecoder] = {
 
 
 def builtin(
-    commands: GpuCommands, daemons: MpsDaemons, mig: MigInstances | None = None
+    commands: GpuCommands,
+    daemons: MpsDaemons,
+    inventory: Callable[[], Inventory],
+    mig: MigInstances | None = None,
 ) -> Strategies:
-    """With ``mig`` (``--mig-mode dynamic``) dynamic MIG comes first: its instances exist
-    before anything else could act on them, and are destroyed last."""
+    """``inventory``: the current discovery (share strategies map GPU names to UUIDs and
+    read the driver version). With ``mig`` (``--mig-mode dynamic``) dynamic MIG comes
+    first: its instances exist before anything else could act on them, and are destroyed
+    last."""
     dynamic: list[SharingStrategy] = [DynamicMigStrategy(mig)] if mig is not None else []
     return Strategies(
         [
@@ -46,6 +57,8 @@ def builtin(
             ExclusiveStrategy(),
             TimeSlicingStrategy(commands),
             MpsStrategy(commands, daemons),
+            MpsSharesStrategy(commands, daemons, inventory),
+            TimeSlicedSharesStrategy(commands, inventory),
         ]
     )
 

@@ -4,6 +4,9 @@ Nothing is changed on the GPU (its compute mode and time-slice stay what the
 admin set), so there is nothing to plan, apply or undo: the claim's CDI spec
 alone grants the device. The scheduler never gives a device without
 ``allowMultipleAllocations`` to two claims, so the device is exclusive to the claim.
+A share that holds all of a consumable GPU is exclusive too (nothing else fits
+beside it) and is prepared here; a fractional share is left to the share
+strategies (:mod:`~dra_driver.gpu.strategies.mpsshares`).
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from collections.abc import Sequence
 
 from dra_driver.gpu.cdi import ContainerEdits
 from dra_driver.gpu.config import DeviceConfig, SharingDecoder
+from dra_driver.gpu.shares import is_fractional
 from dra_driver.gpu.strategies.base import Steps, Target, Unit
 
 
@@ -20,7 +24,7 @@ class ExclusiveStrategy:
     config: SharingDecoder | None = None
 
     def wants(self, target: Target, config: DeviceConfig) -> bool:
-        return config.sharing is None
+        return config.sharing is None and not is_fractional(target)
 
     def plan(self, claim_uid: str, targets: Sequence[Target], config: DeviceConfig) -> list[Unit]:
         return []

@@ -36,6 +36,7 @@ from dra_driver.gpu.config import (
     parse_quantity,
 )
 from dra_driver.gpu.mpsdaemons import MpsDaemons, is_mps_id, mps_id
+from dra_driver.gpu.shares import is_fractional
 from dra_driver.gpu.sharing import GpuCommands, ToolError
 from dra_driver.gpu.strategies.base import Steps, Target, Unit
 
@@ -123,7 +124,10 @@ class MpsStrategy:
         self._daemons = daemons
 
     def wants(self, target: Target, config: DeviceConfig) -> bool:
-        return config.sharing is not None and config.sharing.strategy == NAME
+        """Whole GPUs and MIG devices; a fractional share is
+        :mod:`~dra_driver.gpu.strategies.mpsshares`' (its limits are its allocation)."""
+        sharing = config.sharing
+        return sharing is not None and sharing.strategy == NAME and not is_fractional(target)
 
     def plan(self, claim_uid: str, targets: Sequence[Target], config: DeviceConfig) -> list[Unit]:
         assert config.sharing is not None and isinstance(config.sharing.settings, Mps)

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from dra_driver.gpu.cdi import ContainerEdits
 from dra_driver.gpu.config import GPU_CONFIG, DeviceConfig, enum, obj
+from dra_driver.gpu.shares import is_fractional
 from dra_driver.gpu.sharing import GpuCommands
 from dra_driver.gpu.strategies.base import Steps, Target, Unit
 
@@ -52,7 +53,10 @@ class TimeSlicingStrategy:
         self._commands = commands
 
     def wants(self, target: Target, config: DeviceConfig) -> bool:
-        return config.sharing is not None and config.sharing.strategy == NAME
+        """Whole GPUs (a share of all of a consumable GPU included); a fractional share is
+        :mod:`~dra_driver.gpu.strategies.timeslicedshares`' (the time-slice is GPU-wide)."""
+        sharing = config.sharing
+        return sharing is not None and sharing.strategy == NAME and not is_fractional(target)
 
     def plan(self, claim_uid: str, targets: Sequence[Target], config: DeviceConfig) -> list[Unit]:
         assert config.sharing is not None and isinstance(config.sharing.settings, TimeSlicing)
