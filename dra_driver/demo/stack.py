@@ -214,11 +214,15 @@ class GpuNode:
     def plugin_pid(self) -> int | None:
         return self._plugin.pid if self._plugin else None
 
-    def kill_plugin(self) -> None:
-        """SIGKILL the plugin, as a crash or OOM kill would."""
+    def kill_plugin(self, *, with_tools: bool = False) -> None:
+        """SIGKILL the plugin, as a crash or OOM kill would; ``with_tools``: the GPU tools
+        it is running too (its process group; MPS daemons have their own session)."""
         proc = self._plugin
         if proc is not None and proc.poll() is None:
-            os.kill(proc.pid, signal.SIGKILL)
+            if with_tools:
+                os.killpg(proc.pid, signal.SIGKILL)
+            else:
+                os.kill(proc.pid, signal.SIGKILL)
             proc.wait()
 
     def stop_plugin(self, grace: float = 15.0) -> None:

@@ -16,6 +16,11 @@ writes ``/dev/shm/nvidia-mps-emulated.<pid>`` so tests can see which
 
 Faults: if ``<record>.fail`` exists, any invocation whose space-joined argv
 contains one of its lines exits 1 with a message, like a failing tool.
+
+Holds: an invocation whose space-joined argv and stdin contain a line of
+``<record>.hold`` waits, after it was recorded and before it acts, until that
+line is gone from the file: a test can stop the driver exactly while a tool
+call is in flight (to SIGKILL it there).
 """
 
 from __future__ import annotations
@@ -78,6 +83,19 @@ def _mps_env() -> dict[str, str]:
     return {k: os.environ[k] for k in keys if k in os.environ}
 
 
+def _hold(record: Path, argv: list[str], stdin: str) -> None:
+    hold = Path(f"{record}.hold")
+    call = " ".join([*argv, stdin])
+    while True:
+        try:
+            patterns = hold.read_text().splitlines()
+        except OSError:
+            return
+        if not any(p and p in call for p in patterns):
+            return
+        time.sleep(0.02)
+
+
 def _injected_failure(record: Path, argv: list[str]) -> str | None:
     fail = Path(f"{record}.fail")
     if not fail.exists():
@@ -96,6 +114,7 @@ def main(tool: str, record_path: str, argv: list[str]) -> int:
     if stdin:
         entry["stdin"] = stdin
     _append(record, entry)
+    _hold(record, [tool, *argv], stdin)
     pattern = _injected_failure(record, [tool, *argv])
     if pattern is not None:
         print(f"{tool}: injected failure ({pattern})", file=sys.stderr)
