@@ -7,11 +7,13 @@ capacity, and a claim that asks for no capacity takes the whole GPU or nothing."
 from __future__ import annotations
 
 import secrets
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from dra_driver.commands.slices import resource_slices
+from dra_driver.demo.stack import load_examples, pin_to_node
 from dra_driver.devcluster import ApiError, Cluster, wait_until
 from dra_driver.gpu.shares import ConsumableGpus
 from tests.cluster.test_allocation import (
@@ -24,7 +26,7 @@ from tests.cluster.test_allocation import (
     stays_unallocated,
 )
 
-GIB = 1024**3
+EXAMPLES = Path(__file__).parents[2] / "deploy" / "examples"
 
 
 @pytest.fixture(scope="module")
@@ -202,3 +204,29 @@ def test_only_the_selected_gpus_are_consumable(shared_gpu: tuple[str, str]) -> N
     assert set(devices["gpu-3"]["capacity"]) == {"memory", "computeShare"}
     assert set(devices["gpu-2"]["capacity"]) == {"memory", "multiprocessors"}
     assert "requestPolicy" not in devices["gpu-2"]["capacity"]["memory"]
+
+
+def test_the_share_example_packs_both_pods_onto_the_consumable_gpu(
+    cluster: Cluster, cluster_namespace: str, shared_gpu: tuple[str, str]
+) -> None:
+    node, _ = shared_gpu
+    ns = cluster_namespace
+    cluster.apply(pin_to_node(load_examples(EXAMPLES / "gpu-share.yaml", ns), node))
+    shares = []
+    for pod in ("share-a", "share-b"):
+        claim = wait_until(
+            lambda pod=pod: claim_of(cluster, ns, pod), timeout=TIMEOUT, what=f"{pod}'s claim"
+        )
+        shares.append(result(cluster, ns, claim))
+    assert [s["device"] for s in shares] == ["gpu-3", "gpu-3"]
+    assert [s["consumedCapacity"] for s in shares] == [{"memory": "10Gi", "computeShare": "25"}] * 2
+    for pod in ("share-a", "share-b"):
+        cluster.rest.request(
+            "DELETE", f"/api/v1/namespaces/{ns}/pods/{pod}", query={"gracePeriodSeconds": "0"}
+        )
+
+
+def claim_of(cluster: Cluster, ns: str, pod: str) -> str | None:
+    obj = cluster.rest.get(f"/api/v1/namespaces/{ns}/pods/{pod}")
+    statuses = obj.get("status", {}).get("resourceClaimStatuses") or []
+    return str(statuses[0]["resourceClaimName"]) if statuses else None
