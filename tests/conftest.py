@@ -11,11 +11,19 @@ from __future__ import annotations
 import os
 import re
 import secrets
+import tempfile
 from collections.abc import Generator, Iterator
+from pathlib import Path
 
 import pytest
 
 from dra_driver.devcluster import BinariesError, Cluster, ComponentError, find_binaries
+from dra_driver.devcluster.binaries import NodeBinaries, find_node_binaries
+from dra_driver.devcluster.node import RealNode, RealNodeOptions
+
+REAL_NODE_TAINT = "dra-driver.test/dedicated={name}:NoSchedule"
+"""The real node takes only pods that tolerate it (``pin_to_node``), so pods of
+other tests sharing the control plane never start on it."""
 
 # Tier 5 needs a real GPU: `make test-gpu` (scripts/test-gpu) runs it on a GPU node.
 collect_ignore = ["realgpu"]
@@ -37,6 +45,37 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         yield control_plane
     finally:
         control_plane.stop()
+
+
+@pytest.fixture(scope="session")
+def node_binaries() -> NodeBinaries:
+    """kubelet, containerd, CNI plugins and images (scripts/build-node.sh), and runc."""
+    try:
+        return find_node_binaries()
+    except BinariesError as err:
+        pytest.fail(f"real-node components unavailable: {err}", pytrace=False)
+
+
+def start_real_node(cluster: Cluster, binaries: NodeBinaries, prefix: str = "rn") -> RealNode:
+    """A real node on ``cluster`` in a short /tmp dir (unix socket paths stay < 108 bytes)."""
+    workdir = Path(tempfile.mkdtemp(prefix=f"{prefix}-", dir="/tmp"))
+    node = RealNode(cluster, binaries, workdir, RealNodeOptions(taints=[REAL_NODE_TAINT]))
+    try:
+        node.start()
+    except (ComponentError, TimeoutError) as err:
+        pytest.fail(f"real node failed to start: {err}", pytrace=False)
+    return node
+
+
+@pytest.fixture(scope="session")
+def real_node(cluster: Cluster, node_binaries: NodeBinaries) -> Iterator[RealNode]:
+    """One kubelet + containerd node for the whole session (tests pin pods to it)."""
+    node = start_real_node(cluster, node_binaries)
+    try:
+        yield node
+    finally:
+        node.stop()
+        node.remove_workdir()
 
 
 @pytest.fixture(scope="module")
@@ -64,6 +103,9 @@ def pytest_runtest_makereport(
     control_plane = getattr(item, "funcargs", {}).get("cluster")
     if report.failed and isinstance(control_plane, Cluster):
         report.sections.append(("control-plane logs (tail)", control_plane.log_tails(25)))
+    node = getattr(item, "funcargs", {}).get("real_node")
+    if report.failed and isinstance(node, RealNode):
+        report.sections.append(("real-node logs (tail)", node.log_tails(25)))
     return report
 
 

@@ -8,6 +8,7 @@ when cached). A missing binary is an error, never a reason to skip.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -73,3 +74,72 @@ def find_binaries(env: Mapping[str, str] | None = None, build: bool = True) -> B
     if not lines:
         raise BinariesError(f"{script} printed no bin directory")
     return Binaries.from_dir(Path(lines[-1]))
+
+
+NODE_DIR_ENV = "DRA_NODE_DIR"
+_NODE_FILES = (
+    "bin/kubelet",
+    "bin/containerd",
+    "bin/containerd-shim-runc-v2",
+    "bin/ctr",
+    "bin/cri-reset",
+    "cni/bridge",
+    "cni/host-local",
+    "images/pause.tar",
+    "images/busybox.tar",
+)
+
+
+@dataclass(frozen=True)
+class NodeBinaries:
+    """The real node's components (``scripts/build-node.sh``) plus the host's runc."""
+
+    root: Path
+    runc: Path
+
+    @property
+    def bin_dir(self) -> Path:
+        return self.root / "bin"
+
+    @property
+    def cni_dir(self) -> Path:
+        return self.root / "cni"
+
+    def bin(self, name: str) -> Path:
+        return self.root / "bin" / name
+
+    def image(self, name: str) -> Path:
+        return self.root / "images" / f"{name}.tar"
+
+    @classmethod
+    def from_dir(cls, root: Path) -> NodeBinaries:
+        missing = [f for f in _NODE_FILES if not (root / f).is_file()]
+        if missing:
+            raise BinariesError(
+                f"{root} lacks {', '.join(missing)}; run scripts/build-node.sh "
+                f"(or point {NODE_DIR_ENV} at its output)"
+            )
+        runc = shutil.which("runc") or shutil.which("runc", path="/usr/sbin:/sbin")
+        if runc is None:
+            raise BinariesError(
+                "runc is not installed: run scripts/setup-host.sh (Debian package runc)"
+            )
+        return cls(root=root, runc=Path(runc))
+
+
+def find_node_binaries(env: Mapping[str, str] | None = None) -> NodeBinaries:
+    """Node components from ``$DRA_NODE_DIR``, else built or reused by scripts/build-node.sh."""
+    env = os.environ if env is None else env
+    if env.get(NODE_DIR_ENV):
+        return NodeBinaries.from_dir(Path(env[NODE_DIR_ENV]))
+    root = repo_root()
+    if root is None:
+        raise BinariesError(f"set {NODE_DIR_ENV} (no source checkout with scripts/ found)")
+    script = root / "scripts" / "build-node.sh"
+    result = subprocess.run(
+        [str(script)], cwd=root, stdout=subprocess.PIPE, stderr=None, text=True, check=False
+    )
+    lines = result.stdout.strip().splitlines()
+    if result.returncode != 0 or not lines:
+        raise BinariesError(f"{script} failed with exit code {result.returncode}")
+    return NodeBinaries.from_dir(Path(lines[-1]))

@@ -157,3 +157,31 @@ def generate_certs(directory: Path) -> ClusterCerts:
     )
     _write_private(certs.sa_private_key, _key_pem(sa_key))
     return certs
+
+
+def issue_client_cert(
+    certs: ClusterCerts, directory: Path, common_name: str, organization: str | None = None
+) -> tuple[Path, Path]:
+    """A client certificate signed by the run's CA, e.g. ``system:node:<name>`` in
+    ``system:nodes`` for a kubelet (the Node authorizer keys on exactly that).
+    Returns ``(cert, key)`` paths; the key is written 0600."""
+    ca_cert = x509.load_pem_x509_certificate(certs.ca_cert.read_bytes())
+    ca_key = serialization.load_pem_private_key(certs.ca_key.read_bytes(), password=None)
+    if not isinstance(ca_key, ec.EllipticCurvePrivateKey):
+        raise TypeError(f"{certs.ca_key}: expected an EC CA key")
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = (
+        _builder(_name(common_name, organization), ca_cert.subject, key.public_key())
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), False
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
+    directory.mkdir(parents=True, exist_ok=True)
+    stem = common_name.replace(":", "-")
+    cert_path, key_path = directory / f"{stem}.crt", directory / f"{stem}.key"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    _write_private(key_path, _key_pem(key))
+    return cert_path, key_path

@@ -35,6 +35,12 @@ DRA_CONTROLLERS: tuple[str, ...] = (
     "resourceclaim-controller",
     "device-taint-eviction-controller",
     "garbage-collector-controller",
+    # Pods get projected ServiceAccount tokens (ServiceAccount admission is on):
+    # every namespace needs its "default" account and the kube-root-ca.crt map.
+    "serviceaccount-controller",
+    "root-ca-certificate-publisher-controller",
+    # The chart's DaemonSet runs its plugin pod on real nodes.
+    "daemonset-controller",
 )
 """kube-controller-manager controller names (``--controllers``) that DRA relies on."""
 
@@ -168,10 +174,9 @@ class Cluster:
                 "--authorization-mode=Node,RBAC",
                 f"--service-cluster-ip-range={SERVICE_CIDR}",
                 "--allow-privileged=true",
-                # ServiceAccount: no token/SA controllers run, pods need no SA.
                 # TaintNodesByCondition: it would put not-ready taints on new
                 # Nodes that only the (absent) node-lifecycle controller removes.
-                "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition",
+                "--disable-admission-plugins=TaintNodesByCondition",
                 # No lease reconciler: it refuses the loopback advertise address.
                 "--endpoint-reconciler-type=none",
                 "--profiling=false",
@@ -213,11 +218,14 @@ class Cluster:
                 f"--secure-port={kcm_port}",
                 *serving,
                 "--use-service-account-credentials=false",
+                f"--root-ca-file={certs.ca_cert}",
                 f"--controllers={','.join(self.options.controllers)}",
             ],
         )
         sched_s = scheduler.wait_healthy(lambda: self._https_ok(sched_port, "/readyz"), deadline)
         kcm_s = kcm.wait_healthy(lambda: self._https_ok(kcm_port, "/healthz"), deadline)
+        if "serviceaccount-controller" in self.options.controllers:
+            self.wait_default_service_account("default", max(1.0, deadline - time.monotonic()))
         self.startup_times = StartupTimes(
             etcd=etcd_s,
             apiserver=api_s,
@@ -298,9 +306,28 @@ class Cluster:
             return self.rest.apply(objs, FIELD_MANAGER)
         return [self.rest.apply(obj, FIELD_MANAGER) for obj in objs]
 
-    def create_namespace(self, name: str) -> JsonObject:
-        """Create (or keep) a namespace."""
-        return self.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+    def create_namespace(self, name: str, timeout: float = 30.0) -> JsonObject:
+        """Create (or keep) a namespace, and wait for its ``default`` ServiceAccount:
+        ServiceAccount admission refuses pods until the controller made it."""
+        created = self.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+        self.wait_default_service_account(name, timeout)
+        return created
+
+    def wait_default_service_account(self, namespace: str, timeout: float = 30.0) -> None:
+        def exists() -> bool:
+            try:
+                self.rest.get(f"/api/v1/namespaces/{namespace}/serviceaccounts/default")
+            except ApiError as err:
+                if err.status == 404:
+                    return False
+                raise
+            return True
+
+        deadline = time.monotonic() + timeout
+        while not exists():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"namespace {namespace} got no default ServiceAccount")
+            time.sleep(0.1)
 
     def create_node(
         self,

@@ -20,7 +20,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 logger = logging.getLogger(__name__)
@@ -75,9 +75,16 @@ def http_ok(url: str, context: ssl.SSLContext | None, timeout: float = 2.0) -> t
 class Component:
     """One control-plane process with its log file."""
 
-    def __init__(self, name: str, argv: Sequence[str], log_dir: Path) -> None:
+    def __init__(
+        self,
+        name: str,
+        argv: Sequence[str],
+        log_dir: Path,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
         self.name = name
         self.argv = list(argv)
+        self.env = dict(env) if env is not None else None
         self.log_path = log_dir / f"{name}.log"
         self._proc: subprocess.Popen[bytes] | None = None
 
@@ -93,6 +100,7 @@ class Component:
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
+                env=self.env,
                 # Own session: a terminal Ctrl-C reaches only us; we stop the
                 # children in order ourselves.
                 start_new_session=True,
