@@ -1,6 +1,8 @@
-"""Full-stack fixtures: our plugin (subprocess, own ServiceAccount) on an
-emulated GPU node, the kubelet's own DRA code (Go kubelet harness), the real
-CDI library and runc. Missing pieces fail the tests; nothing is skipped."""
+"""Full-stack fixtures. The real node: kubelet and containerd (built from Go
+modules) with our plugin run from the chart (``real_a100``, :func:`real_gpu_node`).
+The Go kubelet harness (the kubelet's DRA code without a runtime) with the CDI
+library and runc, kept only for what the real node cannot show (``a100_node``).
+Missing pieces fail the tests; nothing is skipped."""
 
 from __future__ import annotations
 
@@ -13,11 +15,15 @@ from pathlib import Path
 
 import pytest
 
+from dra_driver.demo.chart import ChartError, find_helm
 from dra_driver.demo.kubeletharness import HarnessError, find_harness
+from dra_driver.demo.realgpu import RealGpuNode
 from dra_driver.demo.runtime import ContainerRuntime, ContainerRuntimeError, find_cdi_harness
 from dra_driver.demo.stack import GpuNode, install_driver_objects
 from dra_driver.devcluster import Cluster
-from tests.e2e.helm import MANIFESTS, ROOT
+from dra_driver.devcluster.binaries import NodeBinaries
+from tests.conftest import start_real_node
+from tests.e2e.helm import CHART, MANIFESTS, ROOT
 
 
 @pytest.fixture(scope="session")
@@ -88,3 +94,42 @@ def a100_node(
         node = start_node(cluster, kubelet_harness_binary, tmp, "dgx-a100")
         yield node
         node.stop()
+
+
+@pytest.fixture(scope="session")
+def helm_binary() -> Path:
+    try:
+        return find_helm(ROOT)
+    except ChartError as err:
+        pytest.fail(str(err), pytrace=False)
+
+
+@contextmanager
+def real_gpu_node(
+    cluster: Cluster,
+    binaries: NodeBinaries,
+    helm: Path,
+    profile: str,
+    values: dict[str, str] | None = None,
+) -> Iterator[RealGpuNode]:
+    """A real kubelet + containerd node whose GPUs our plugin serves, run from the chart."""
+    node = start_real_node(cluster, binaries, prefix="rg")
+    gpu = RealGpuNode(
+        cluster=cluster, node=node, profile=profile, workdir=node.paths.workdir / "gpu",
+        helm=helm, chart_dir=CHART, values=values,
+    )  # fmt: skip
+    try:
+        gpu.start()
+        yield gpu
+    finally:
+        gpu.stop()
+        node.stop()
+        node.remove_workdir()
+
+
+@pytest.fixture(scope="module")
+def real_a100(
+    cluster: Cluster, driver_objects: list[str], node_binaries: NodeBinaries, helm_binary: Path
+) -> Iterator[RealGpuNode]:
+    with real_gpu_node(cluster, node_binaries, helm_binary, "dgx-a100") as node:
+        yield node
