@@ -43,7 +43,7 @@ key="$(
     cd "$go_dir"
     cat node/go.mod node/go.sum node/cmd/*/*.go containerd/go.mod containerd/go.sum \
       cni/go.mod cni/go.sum "$here/dra_driver/devcluster/ociimage.py"
-    "$busybox" --help 2>&1 | head -1
+    "$busybox" --help 2>&1 | sed -n 1p
   } | sha256sum | cut -c1-12
 )"
 cache="${DRA_DRIVER_CACHE:-$HOME/.cache/dra-driver}"

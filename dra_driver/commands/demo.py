@@ -1,8 +1,8 @@
 """``dra-driver demo``: one command that shows the driver working end to end.
 
-Needs a source checkout (it builds the Kubernetes binaries and the Go kubelet
-harness from the pinned Go modules on first use) and, to run the containers,
-root with runc and busybox installed. Everything it starts is stopped at the
+Needs a source checkout (it builds the Kubernetes control plane, the kubelet,
+containerd and the CNI plugins from the pinned Go modules on first use), root,
+and runc (``make demo`` installs it with apt when missing). Everything it starts is stopped at the
 end; ``--keep`` keeps the work directory with all logs and CDI specs.
 """
 
@@ -16,7 +16,7 @@ from pathlib import Path
 from types import FrameType
 
 NAME = "demo"
-HELP = "run a local control plane with emulated GPU nodes and walk through example claims"
+HELP = "run a control plane and two real nodes with emulated GPUs; walk through example claims"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -25,10 +25,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="where logs, CDI specs and state go (default: a temp dir, removed unless --keep)",
     )  # fmt: skip
     parser.add_argument("--keep", action="store_true", help="keep the temp work directory")
-    parser.add_argument(
-        "--no-containers", action="store_true",
-        help="do not run the pods' containers with runc (prepare and unprepare only)",
-    )  # fmt: skip
     parser.add_argument(
         "--cdi-json", action="store_true", help="print every CDI spec in full instead of a summary"
     )
@@ -59,7 +55,6 @@ def run(args: argparse.Namespace) -> int:
         repo=repo,
         workdir=args.workdir,
         keep=args.keep,
-        run_containers=not args.no_containers,
         cdi_json=args.cdi_json,
     )
     return run_demo(options, lambda line: print(line, flush=True))

@@ -1,10 +1,11 @@
 """``dra-driver demo``: the whole path on one machine, explained as it happens.
 
-Starts a real control plane, two emulated GPU nodes (dgx-a100 and
-dgx-a100-mig) each running our kubelet plugin and the kubelet's own DRA code,
-applies every example in ``deploy/examples/``, takes each pod through the
-kubelet path (prepare, run its container with the CDI devices, unprepare) and
-prints what happened in words a newcomer can follow.
+Starts a real control plane and two real nodes (kubelet and containerd built
+from Go modules, pods run by runc) whose emulated GPUs (dgx-a100 and
+dgx-a100-mig) our kubelet plugin serves exactly as the Helm chart runs it,
+applies every example in ``deploy/examples/``, lets the kubelets run each pod
+(prepare through our plugin, containerd injects the CDI devices, unprepare on
+delete) and prints what happened in words a newcomer can follow.
 """
 
 from __future__ import annotations
@@ -19,15 +20,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dra_driver.demo.kubeletharness import HarnessError, find_harness
-from dra_driver.demo.runtime import (
-    ContainerRuntime,
-    ContainerRuntimeError,
-    find_cdi_harness,
-    missing_tools,
-)
-from dra_driver.demo.stack import RESOURCE_API, GpuNode, install_driver_objects, load_examples
+from dra_driver.demo.chart import find_helm
+from dra_driver.demo.realgpu import RealGpuNode, keep_running
+from dra_driver.demo.stack import RESOURCE_API, install_driver_objects, load_examples
 from dra_driver.devcluster import Cluster, find_binaries, wait_until
+from dra_driver.devcluster.binaries import find_node_binaries
+from dra_driver.devcluster.node import RealNode, RealNodeOptions
+from dra_driver.gpu.sharing import MPS_LONGEST_SOCKET
 
 Print = Callable[[str], None]
 
@@ -43,8 +42,9 @@ INTRO = (
     "runtime which device nodes, files and environment the container gets.",
     "",
     "Everything below is real: etcd, kube-apiserver, kube-scheduler, kube-controller-",
-    "manager, the kubelet's own DRA code (Go), the CDI library and runc. Only the GPUs",
-    "are emulated (an NVML stand-in and fake device files), so no GPU is needed.",
+    "manager, two kubelets and containerds (built from Go modules; containerd applies",
+    "the CDI specs) and runc. Only the GPUs are emulated (an NVML stand-in and device",
+    "files under the work directory), so no GPU is needed.",
 )
 SUMMARY_HEAD = ("pod", "node", "devices", "outcome")
 SOCKET_PATH_MAX = 108
@@ -64,7 +64,6 @@ class DemoOptions:
     repo: Path
     workdir: Path | None = None
     keep: bool = False
-    run_containers: bool = True
     cdi_json: bool = False
 
 
@@ -74,7 +73,7 @@ def _workdir(options: DemoOptions) -> Iterator[Path]:
         options.workdir.mkdir(parents=True, exist_ok=True)
         yield options.workdir
         return
-    path = Path(tempfile.mkdtemp(prefix="dra-driver-demo-"))
+    path = Path(tempfile.mkdtemp(prefix="dra-demo-", dir="/tmp"))
     try:
         yield path
     finally:
@@ -85,7 +84,14 @@ def _workdir(options: DemoOptions) -> Iterator[Path]:
 def run_demo(options: DemoOptions, out: Print) -> int:
     """Run the walkthrough; returns 0 when every example behaved as described."""
     with _workdir(options) as work, ExitStack() as stack:
-        longest = work / f"{NODES[-1][0]}/kubelet/plugins_registry/gpu.nvidia.com-reg.sock"
+        longest = (
+            work
+            / "n1"
+            / "kubelet/plugins/gpu.nvidia.com/mps"
+            / ("0" * 12)
+            / "pipe"
+            / MPS_LONGEST_SOCKET
+        )
         if len(str(longest).encode()) >= SOCKET_PATH_MAX:
             out(f"The work directory {work} is too long: socket paths below it would exceed "
                 f"{SOCKET_PATH_MAX - 1} bytes. Use a shorter --workdir.")  # fmt: skip
@@ -99,9 +105,9 @@ class _Walkthrough:
         self.work = work
         self.out = out
         self.stack = stack
-        self.nodes: dict[str, GpuNode] = {}
-        self.runtime: ContainerRuntime | None = None
+        self.nodes: dict[str, RealGpuNode] = {}
         self.failures: list[str] = []
+        self._pods: dict[str, list[dict[str, Any]]] = {}
         self.prepared: dict[str, str] = {}  # claim UID -> first pod that prepared it
         self.summary: list[tuple[str, str, str, str]] = []  # pod, node, devices, outcome
 
@@ -131,40 +137,53 @@ class _Walkthrough:
             out(f"  {applied}")
         cluster.create_namespace(NAMESPACE)
 
-        self.step(3, "Starting two emulated GPU nodes. On each, our kubelet plugin runs as its own "
-                     "process with its ServiceAccount token,")  # fmt: skip
-        out("      and the kubelet's plugin manager + DRA manager (Go, k8s.io/kubernetes v1.37) "
-            "discover and register it.")  # fmt: skip
-        harness = find_harness(self.o.repo)
-        for name, profile in NODES:
-            node = GpuNode(cluster=cluster, name=name, profile=profile,
-                           workdir=self.work / name, harness_binary=harness)  # fmt: skip
+        self.step(3, "Starting two real nodes: a kubelet and a containerd each, in their own "
+                     "network namespace and cgroup root;")  # fmt: skip
+        out("      on each, our kubelet plugin runs with the chart's arguments and environment "
+            "(helm template deploy/chart),")  # fmt: skip
+        out("      and the real kubelet's plugin watcher registers it.")
+        node_binaries = find_node_binaries()
+        helm = find_helm(self.o.repo)
+        for i, (name, profile) in enumerate(NODES):
+            real = RealNode(cluster, node_binaries, self.work / f"n{i}",
+                            RealNodeOptions(name=name))  # fmt: skip
+            self.stack.callback(real.stop)
+            real.start()
+            out(f"  node {name}: kubelet v1.37.1 + containerd 2.4.2 Ready in "
+                f"{real.ready_seconds:.1f} s")  # fmt: skip
+            node = RealGpuNode(cluster=cluster, node=real, profile=profile,
+                               workdir=real.paths.workdir / "gpu", helm=helm,
+                               chart_dir=self.o.repo / "deploy" / "chart")  # fmt: skip
             self.stack.callback(node.stop)
             node.start()
             self.nodes[name] = node
             self._describe_node(node)
-        self._setup_runtime()
 
         self.step(4, f"Applying the examples from deploy/examples/ to namespace {NAMESPACE!r}; "
                      "the scheduler allocates devices from the ResourceSlices")  # fmt: skip
+        out("  (each pod prints what it got, then sleeps, so its claim stays prepared until "
+            "step 6 deletes it)")  # fmt: skip
+        pods: list[tuple[str, str]] = []
         for file, what in EXAMPLES:
-            objs = load_examples(self.o.repo / "deploy" / "examples" / file, NAMESPACE)
-            cluster.apply(objs)
+            objs = keep_running(
+                load_examples(self.o.repo / "deploy" / "examples" / file, NAMESPACE)
+            )
+            cluster.apply([o for o in objs if o["kind"] != "Pod"])
+            pods += [(file, o["metadata"]["name"]) for o in objs if o["kind"] == "Pod"]
+            self._pods[file] = [o for o in objs if o["kind"] == "Pod"]
             out(f"  {file}: {what}")
 
-        self.step(5, "Playing the kubelet for every pod: prepare its claims through our plugin, "
-                     "start its container with the CDI devices")  # fmt: skip
-        pods: list[str] = []
+        self.step(5, "The kubelets run every pod: our plugin prepares its claims, containerd "
+                     "starts its container with the CDI devices")  # fmt: skip
         for file, _what in EXAMPLES:
-            for obj in load_examples(self.o.repo / "deploy" / "examples" / file, NAMESPACE):
-                if obj["kind"] == "Pod":
-                    pods.append(obj["metadata"]["name"])
-                    self._run_pod(cluster, file, obj["metadata"]["name"])
+            for obj in self._pods[file]:
+                cluster.apply(obj)  # one at a time: a shared claim is prepared once
+                self._run_pod(cluster, file, obj["metadata"]["name"])
 
         self.step(
-            6, "Deleting the pods: the kubelet code unprepares each claim once its last pod is gone"
+            6, "Deleting the pods: the kubelet unprepares each claim once its last pod is gone"
         )
-        for pod in pods:
+        for _file, pod in pods:
             self._delete_pod(cluster, pod)
         leftovers = {n: list(node.cdi_specs()) for n, node in self.nodes.items()}
         if any(leftovers.values()):
@@ -186,11 +205,13 @@ class _Walkthrough:
         out("Demo finished: every claim was allocated, prepared, used and released as described.")
         out("Next: README.md (how it works), deploy/chart (install on a real cluster), "
             "tests/e2e (these steps as tests).")  # fmt: skip
+        out(f"Logs: {self.work}/n0, n1 (one per node): logs/ (kubelet, containerd), "
+            "gpu/plugin.log, pod-logs/ (containers).")  # fmt: skip
         return 0
 
     # -- pieces -------------------------------------------------------------------
 
-    def _describe_node(self, node: GpuNode) -> None:
+    def _describe_node(self, node: RealGpuNode) -> None:
         devices = [d for s in node.slices() for d in s["spec"].get("devices") or []]
         kinds: dict[str, list[str]] = {}
         for d in devices:
@@ -209,24 +230,7 @@ class _Walkthrough:
         for kind, names in kinds.items():
             self.out(f"    {kind:4} {', '.join(names)}")
 
-    def _setup_runtime(self) -> None:
-        if not self.o.run_containers:
-            self.out("  (containers will not be run: --no-containers)")
-            return
-        missing = missing_tools()
-        if missing:
-            self.out(f"  (containers will not be run: this machine lacks {', '.join(missing)})")
-            return
-        try:
-            self.runtime = ContainerRuntime(
-                cdi_harness=find_cdi_harness(self.o.repo), workdir=self.work / "runtime"
-            )
-            self.out("  Containers will run under runc after the real CDI library "
-                     "(tags.cncf.io/container-device-interface) adds their devices.")  # fmt: skip
-        except ContainerRuntimeError as err:
-            self.out(f"  (containers will not be run: {err})")
-
-    def _node_of(self, cluster: Cluster, pod: str) -> GpuNode:
+    def _node_of(self, cluster: Cluster, pod: str) -> RealGpuNode:
         def bound() -> str | None:
             obj = cluster.rest.get(f"/api/v1/namespaces/{NAMESPACE}/pods/{pod}")
             name: str | None = obj["spec"].get("nodeName")
@@ -240,55 +244,77 @@ class _Walkthrough:
         out(f"  pod {pod} ({file})")
         node = self._node_of(cluster, pod)
         out(f"    scheduled to {node.name}")
-        try:
-            run = node.run_pod(NAMESPACE, pod, self.runtime)
-        except HarnessError as err:
-            out("    the kubelet could not prepare its claim, so the pod does not start:")
-            out(f"      {err}")
-            event = self._event(cluster, pod)
-            if event:
-                out(f"    event on the pod: {event['type']} {event['reason']}: {event['message']}")
-            if file != "invalid-config.yaml":
-                self.failures.append(f"{pod}: prepare failed: {err}")
-            self.summary.append((pod, node.name, "-", "not started: prepare refused"))
-            return
         if file == "invalid-config.yaml":
-            self.failures.append(f"{pod}: prepared although its config is invalid")
-        for container, info in run.prepared.containers.items():
-            for claim in info.claims:
-                first = self.prepared.setdefault(claim["uid"], pod)
-                if first == pod:
-                    self._describe_claim(cluster, node, claim)
-                else:
-                    out(f"    claim {claim['name']} was already prepared for pod {first}: the "
-                        "kubelet reuses it without calling our plugin again")  # fmt: skip
-            out(f"    container {container!r} gets CDI devices: {', '.join(info.cdi_devices)}")
-            for entry in run.health.get(container) or []:
+            self._refused(cluster, node, pod)
+            return
+        try:
+            run = node.run_pod(NAMESPACE, pod)
+        except TimeoutError as err:
+            out(f"    the pod did not run: {err}")
+            self.failures.append(f"{pod}: did not run: {err}")
+            self.summary.append((pod, node.name, "-", "FAILED to run"))
+            return
+        obj = node.pod(NAMESPACE, pod)
+        devices: list[str] = []
+        generated = {s["name"]: s.get("resourceClaimName")
+                     for s in obj["status"].get("resourceClaimStatuses") or []}  # fmt: skip
+        for entry in obj["spec"].get("resourceClaims") or []:
+            claim_name = entry.get("resourceClaimName") or generated.get(entry["name"])
+            claim = cluster.rest.get(
+                f"{RESOURCE_API}/namespaces/{NAMESPACE}/resourceclaims/{claim_name}"
+            )
+            uid = claim["metadata"]["uid"]
+            results = claim["status"]["allocation"]["devices"]["results"]
+            devices += [r["device"] for r in results]
+            first = self.prepared.setdefault(uid, pod)
+            if first == pod:
+                self._describe_claim(cluster, node, claim)
+            else:
+                out(f"    claim {claim['metadata']['name']} was already prepared for pod {first}: "
+                    "the kubelet reuses it without calling our plugin again")  # fmt: skip
+            ids = [f"k8s.{r['driver']}/claim={uid}-{r['device']}" for r in results]
+            out(f"    the kubelet hands containerd the CDI devices: {', '.join(ids)}")
+        for cstatus in obj["status"].get("containerStatuses") or []:
+            for entry in cstatus.get("allocatedResourcesStatus") or []:
                 states = sorted({r.get("health", "?") for r in entry.get("resources") or []})
                 out(f"    device health the kubelet reports for {entry['name']}: "
                     f"{', '.join(states)} (from our plugin's health stream)")  # fmt: skip
-            result = run.containers.get(container)
-            if result is not None:
-                status = "ran" if result.returncode == 0 else f"FAILED (exit {result.returncode})"
-                out(f"    container {container!r} {status} under runc; it printed:")
-                for line in (result.stdout or result.stderr).splitlines():
-                    out(f"      | {line}")
-                if result.returncode != 0:
-                    self.failures.append(f"{pod}: container failed: {result.stderr.strip()}")
-        out(f"    prepare took {run.prepared.elapsed_ms:.0f} ms in the kubelet's DRA manager "
-            "(claim checks, our plugin's NodePrepareResources, checkpoint)")  # fmt: skip
-        devices = sorted({d["device"] for info in run.prepared.containers.values()
-                          for c in info.claims for d in c["devices"]})  # fmt: skip
-        codes = [r.returncode for r in run.containers.values()]
-        outcome = ("prepared" if not codes else
-                   "container ran" if not any(codes) else "container FAILED")  # fmt: skip
-        self.summary.append((pod, node.name, ", ".join(devices), outcome))
+        for container, result in run.containers.items():
+            failed = result.returncode not in (None, 0)
+            status = f"FAILED (exit {result.returncode})" if failed else "ran"
+            out(f"    container {container!r} {status} under containerd + runc; it printed "
+                "(from its CRI log file):")  # fmt: skip
+            for line in result.stdout.splitlines():
+                out(f"      | {line}")
+            if failed:
+                self.failures.append(f"{pod}: container {container} exited {result.returncode}")
+        out(f"    from creating the pod to its output: {run.seconds_to_running:.1f} s")
+        failed = any(r.returncode for r in run.containers.values())
+        outcome = "container FAILED" if failed else "container ran"
+        self.summary.append((pod, node.name, ", ".join(sorted(devices)), outcome))
 
-    def _describe_claim(self, cluster: Cluster, node: GpuNode, claim: dict[str, Any]) -> None:
+    def _refused(self, cluster: Cluster, node: RealGpuNode, pod: str) -> None:
         out = self.out
-        obj = cluster.rest.get(
-            f"{RESOURCE_API}/namespaces/{NAMESPACE}/resourceclaims/{claim['name']}"
-        )
+        try:
+            (event,) = wait_until(
+                lambda: node.events(NAMESPACE, pod, "FailedPrepareDynamicResources")[:1],
+                timeout=60, what=f"the kubelet to refuse pod {pod}",
+            )  # fmt: skip
+        except TimeoutError as err:
+            self.failures.append(f"{pod}: prepared although its config is invalid ({err})")
+            self.summary.append((pod, node.name, "-", "UNEXPECTED"))
+            return
+        out("    the kubelet could not prepare its claim, so the pod does not start:")
+        out(f"    event on the pod: {event['type']} {event['reason']}: {event['message']}")
+        self.summary.append((pod, node.name, "-", "not started: prepare refused"))
+
+    def _describe_claim(self, cluster: Cluster, node: RealGpuNode, obj: dict[str, Any]) -> None:
+        out = self.out
+        claim = {
+            "name": obj["metadata"]["name"],
+            "uid": obj["metadata"]["uid"],
+            "devices": obj["status"]["allocation"]["devices"]["results"],
+        }
         users = len(obj["status"].get("reservedFor") or [])
         out(f"    claim {claim['name']} (used by {users} pod{'s' if users != 1 else ''}) got:")
         attrs = {d["name"]: d.get("attributes", {}) for s in node.slices()
@@ -314,7 +340,7 @@ class _Walkthrough:
 
     @staticmethod
     def _gpu_commands(
-        node: GpuNode, claim: dict[str, Any], attrs: dict[str, dict[str, Any]]
+        node: RealGpuNode, claim: dict[str, Any], attrs: dict[str, dict[str, Any]]
     ) -> list[str]:
         """GPU tool invocations for this claim's devices (emulated tools record them)."""
         record = node.host_root / "emulation" / "tools.jsonl"
@@ -368,6 +394,9 @@ class _Walkthrough:
         node = self.nodes[obj["spec"]["nodeName"]]
         before = set(node.cdi_specs())
         node.delete_pod(NAMESPACE, pod)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not before - set(node.cdi_specs()):
+            time.sleep(0.2)  # the kubelet unprepares just before the pod object goes
         removed = before - set(node.cdi_specs())
         if removed:
             self.out(f"  pod {pod} deleted: claim unprepared, removed {', '.join(sorted(removed))}")

@@ -310,7 +310,8 @@ class Cluster:
         """Create (or keep) a namespace, and wait for its ``default`` ServiceAccount:
         ServiceAccount admission refuses pods until the controller made it."""
         created = self.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
-        self.wait_default_service_account(name, timeout)
+        if "serviceaccount-controller" in self.options.controllers:
+            self.wait_default_service_account(name, timeout)
         return created
 
     def wait_default_service_account(self, namespace: str, timeout: float = 30.0) -> None:

@@ -96,3 +96,68 @@ def _state(pid: int) -> str:
         return Path(f"/proc/{pid}/status").read_text().split("State:")[1].split("\n")[0].lower()
     except (OSError, IndexError):
         return "zombie"
+
+
+LIST = "ls /dev/nvidia*; env | grep -E '^(NVIDIA|CUDA)_' | sort"
+
+
+def pod(name: str, claim: dict[str, str], node: str, namespace: str) -> dict[str, Any]:
+    return pin_to_node(
+        [
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": name, "namespace": namespace},
+                "spec": {
+                    "restartPolicy": "Never",
+                    "resourceClaims": [{"name": "gpu", **claim}],
+                    "containers": [
+                        {
+                            "name": "main",
+                            "image": "busybox:1.36",
+                            "command": ["sh", "-c", LIST],
+                            "resources": {"claims": [{"name": "gpu"}]},
+                        }
+                    ],
+                },
+            }
+        ],
+        node,
+    )[0]
+
+
+def gpu_claim(
+    name: str, namespace: str, device_class: str = "gpu.nvidia.com", config: Any = None
+) -> dict[str, Any]:
+    devices: dict[str, Any] = {
+        "requests": [{"name": "gpu", "exactly": {"deviceClassName": device_class}}]
+    }
+    if config is not None:
+        devices["config"] = [
+            {"requests": ["gpu"], "opaque": {"driver": "gpu.nvidia.com", "parameters": config}}
+        ]
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"devices": devices},
+    }
+
+
+def sharing_class(name: str, config: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceClass",
+        "metadata": {"name": name},
+        "spec": {
+            "selectors": [
+                {"cel": {"expression": "device.driver == 'gpu.nvidia.com' && "
+                         "device.attributes['gpu.nvidia.com'].type == 'gpu'"}}
+            ],
+            "config": [{"opaque": {"driver": "gpu.nvidia.com", "parameters": config}}],
+        },
+    }  # fmt: skip
+
+
+def gpu_config(sharing: dict[str, Any]) -> dict[str, Any]:
+    return {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig", "sharing": sharing}

@@ -1,95 +1,94 @@
-"""The simplest full path: a pod with a claim template for one GPU chosen by
-memory is allocated by the real scheduler, prepared through the kubelet's own
-DRA manager, its container runs under runc with exactly one GPU, and deleting
-the pod unprepares, removes the CDI spec and deallocates the claim."""
+"""The simplest full path on a real node: a pod with a claim template for one
+GPU chosen by memory is allocated by the real scheduler, prepared by the real
+kubelet's DRA manager through our plugin (run as the chart runs it), started
+by containerd with our CDI spec and runc; the container sees exactly the
+spec's device nodes, env and mounts; deleting the pod unprepares it, removes
+the spec and the claim."""
 
 from __future__ import annotations
 
-import json
+from typing import Any
 
-from dra_driver.demo.runtime import ContainerRuntime
-from dra_driver.demo.stack import RESOURCE_API, GpuNode, load_examples, pin_to_node
+from dra_driver.demo.realgpu import RealGpuNode, keep_running
+from dra_driver.demo.stack import RESOURCE_API, load_examples, pin_to_node
 from dra_driver.devcluster import Cluster, wait_until
-from tests.e2e.helm import ROOT
+from tests.e2e.scenarios import EXAMPLES
 
-EXAMPLES = ROOT / "deploy" / "examples"
-
-
-def claim_of(cluster: Cluster, namespace: str, pod: str) -> dict:
-    obj = cluster.rest.get(f"/api/v1/namespaces/{namespace}/pods/{pod}")
-    (status,) = obj["status"]["resourceClaimStatuses"]
-    return cluster.rest.get(
-        f"{RESOURCE_API}/namespaces/{namespace}/resourceclaims/{status['resourceClaimName']}"
-    )
+SHOW = (
+    "ls /dev/nvidia* /dev/nvidia-caps 2>/dev/null; env | grep -E '^(NVIDIA|CUDA)_' | sort; "
+    "echo mounts: $(grep -c /run/nvidia/driver /proc/self/mountinfo)"
+)
 
 
-def test_one_gpu_by_memory_from_template_to_runc_and_back(
-    cluster: Cluster,
-    cluster_namespace: str,
-    a100_node: GpuNode,
-    container_runtime: ContainerRuntime,
+def spec_edits(spec: dict[str, Any]) -> list[dict[str, Any]]:
+    return [spec.get("containerEdits", {})] + [d["containerEdits"] for d in spec["devices"]]
+
+
+def test_one_gpu_by_memory_from_template_to_containerd_and_back(
+    cluster: Cluster, cluster_namespace: str, real_a100: RealGpuNode
 ) -> None:
-    ns = cluster_namespace
-    objs = pin_to_node(load_examples(EXAMPLES / "gpu-by-memory.yaml", ns), a100_node.name)
-    cluster.apply(objs)
+    ns, node = cluster_namespace, real_a100
+    objs = pin_to_node(load_examples(EXAMPLES / "gpu-by-memory.yaml", ns), node.name)
+    for obj in objs:
+        if obj["kind"] == "Pod":
+            obj["spec"]["containers"][0]["command"] = ["sh", "-c", SHOW]
+    cluster.apply(keep_running(objs))
 
-    run = a100_node.run_pod(ns, "gpu-by-memory", container_runtime)
+    run = node.run_pod(ns, "gpu-by-memory")
 
-    claim = claim_of(cluster, ns, "gpu-by-memory")
-    (result,) = claim["status"]["allocation"]["devices"]["results"]
-    assert result["driver"] == "gpu.nvidia.com"
-    assert result["pool"] == a100_node.name
-    assert result["request"] == "gpu"
-    device = result["device"]
-    assert device.startswith("gpu-")
-    assert [r["uid"] for r in claim["status"]["reservedFor"]] == [run.prepared.pod_uid]
-
-    # What the kubelet's GetResources returned for the container: one CDI ID,
-    # of our claim kind, naming the claim UID and the allocated device.
-    ids = run.prepared.containers["main"].cdi_devices
-    assert ids == (f"k8s.gpu.nvidia.com/claim={claim['metadata']['uid']}-{device}",)
-
-    # The spec on disk is the one that resolved in the real CDI library.
-    specs = a100_node.cdi_specs()
-    assert list(specs) == [f"k8s.gpu.nvidia.com-claim_{claim['metadata']['uid']}.json"]
-
-    container = run.containers["main"]
-    assert container.returncode == 0, container.stderr
-    listed = [line for line in container.stdout.split() if line.startswith("/dev/nvidia")]
-    gpu_nodes = [n for n in listed if n[len("/dev/nvidia") :].isdigit()]
-    minor = device.removeprefix("gpu-")
-    assert gpu_nodes == [f"/dev/nvidia{minor}"], container.stdout
-    assert "/dev/nvidiactl" in listed
-    env = dict(line.split("=", 1) for line in container.stdout.splitlines() if "=" in line)
-    assert env.get("NVIDIA_VISIBLE_DEVICES") == "void"
-
-    pod = cluster.rest.get(f"/api/v1/namespaces/{ns}/pods/gpu-by-memory")
+    pod = node.pod(ns, "gpu-by-memory")
     assert pod["status"]["phase"] == "Running"
-    # Device health from our plugin's health stream, through the kubelet's code.
-    # (Unknown unless our plugin's DRAResourceHealth stream reported the device.)
-    (status,) = pod["status"]["containerStatuses"]
-    assert status["allocatedResourcesStatus"] == [
-        {"name": "claim:gpu", "resources": [{"resourceID": ids[0], "health": "Healthy"}]}
+    (status,) = pod["status"]["resourceClaimStatuses"]
+    claim = cluster.rest.get(
+        f"{RESOURCE_API}/namespaces/{ns}/resourceclaims/{status['resourceClaimName']}"
+    )
+    (result,) = claim["status"]["allocation"]["devices"]["results"]
+    assert (result["driver"], result["pool"], result["request"]) == (
+        "gpu.nvidia.com", node.name, "gpu",
+    )  # fmt: skip
+    assert [r["uid"] for r in claim["status"]["reservedFor"]] == [run.uid]
+    uid = claim["metadata"]["uid"]
+    specs = node.cdi_specs()
+    assert list(specs) == [f"k8s.gpu.nvidia.com-claim_{uid}.json"]
+    spec = specs[f"k8s.gpu.nvidia.com-claim_{uid}.json"]
+    assert [d["name"] for d in spec["devices"]] == [f"{uid}-{result['device']}"]
+
+    # What containerd injected is exactly what our spec says: device nodes, env, mounts.
+    out = run.containers["main"].stdout.splitlines()
+    edits = spec_edits(spec)
+    want_nodes = sorted(n["path"] for e in edits for n in e.get("deviceNodes") or [])
+    got_nodes = sorted(line for line in out if line.startswith("/dev/nvidia"))
+    assert got_nodes == want_nodes
+    assert f"/dev/nvidia{result['device'].removeprefix('gpu-')}" in got_nodes
+    assert len([n for n in got_nodes if n[len("/dev/nvidia") :].isdigit()]) == 1
+    want_env = sorted(v for e in edits for v in e.get("env") or [])
+    assert sorted(line for line in out if line.startswith(("NVIDIA_", "CUDA_"))) == want_env
+    want_mounts = sum(len(e.get("mounts") or []) for e in edits)
+    assert want_mounts > 0
+    assert f"mounts: {want_mounts}" in out
+
+    # Device health from our plugin's health stream, as the real kubelet reports it.
+    cdi_id = f"k8s.gpu.nvidia.com/claim={uid}-{result['device']}"
+    wait_until(
+        lambda: node.pod(ns, "gpu-by-memory")["status"]["containerStatuses"][0].get(
+            "allocatedResourcesStatus"
+        ),
+        timeout=30, what="allocatedResourcesStatus in the pod status",
+    )  # fmt: skip
+    (cstatus,) = node.pod(ns, "gpu-by-memory")["status"]["containerStatuses"]
+    assert cstatus["allocatedResourcesStatus"] == [
+        {"name": "claim:gpu", "resources": [{"resourceID": cdi_id, "health": "Healthy"}]}
     ]
 
-    # Delete: the harness unprepares via the kubelet code, then finalizes.
-    answer = a100_node.delete_pod(ns, "gpu-by-memory")
-    assert answer["finalized"] is True
-    assert a100_node.cdi_specs() == {}
-    claim_name = claim["metadata"]["name"]
+    # Delete: the kubelet unprepares through our plugin; the spec and the claim go.
+    node.delete_pod(ns, "gpu-by-memory")
+    wait_until(lambda: node.cdi_specs() == {}, timeout=30, what="CDI spec removed")
+    records = [r for r in node.plugin_log_records() if r.get("claim_uid") == uid]
+    assert any(r["msg"].startswith("prepared") for r in records)
+    assert any(r["msg"].startswith("unprepared") for r in records)
 
     def claim_gone() -> bool:
         listed = cluster.rest.get(f"{RESOURCE_API}/namespaces/{ns}/resourceclaims")
-        return all(c["metadata"]["name"] != claim_name for c in listed["items"])
+        return all(c["metadata"]["uid"] != uid for c in listed["items"])
 
-    wait_until(claim_gone, timeout=30, what="the template's claim deleted with its pod",
-               describe=lambda: json.dumps(claim_of_any(cluster, ns)))  # fmt: skip
-    unprepared = [
-        r for r in a100_node.plugin_log_records()
-        if r.get("claim_uid") == claim["metadata"]["uid"] and "unprepare" in r.get("msg", "")
-    ]  # fmt: skip
-    assert unprepared, "plugin never logged the unprepare of the claim"
-
-
-def claim_of_any(cluster: Cluster, ns: str) -> list:
-    return cluster.rest.get(f"{RESOURCE_API}/namespaces/{ns}/resourceclaims")["items"]
+    wait_until(claim_gone, timeout=30, what="the template's claim deleted with its pod")

@@ -1,105 +1,86 @@
-"""A surge upgrade as the chart's DaemonSet does it (rollingUpdate on): the new
-plugin pod starts while the old one still serves, the kubelet code registers
-both (UID-suffixed sockets), the old one stops, and the new one prepares new
-pods and unprepares the claims the old one prepared."""
+"""A surge upgrade as the chart's DaemonSet does it (rollingUpdate: maxSurge 1),
+on a real node: the new plugin starts while the old one still serves, the real
+kubelet registers both (UID-suffixed sockets), the old one stops, and the new
+one prepares new pods and unprepares the claims the old one prepared."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from dra_driver.demo.runtime import ContainerRuntime
-from dra_driver.demo.stack import GpuNode, pin_to_node
+from dra_driver.demo.realgpu import RealGpuNode, free_port, keep_running
+from dra_driver.demo.stack import load_examples, pin_to_node
 from dra_driver.devcluster import Cluster, wait_until
-from tests.e2e.conftest import short_tmp, start_node
-from tests.e2e.scenarios import apply_example, claim_name_of, get_claim
+from dra_driver.devcluster.binaries import NodeBinaries
+from tests.e2e.conftest import real_gpu_node
+from tests.e2e.scenarios import EXAMPLES, claim_name_of, get_claim, plugin_records
 
 
 @pytest.fixture(scope="module")
 def node(
-    cluster: Cluster,
-    driver_objects: list[str],
-    kubelet_harness_binary: Path,
-) -> Iterator[GpuNode]:
-    with short_tmp("e2e-upgrade") as tmp:
-        started = start_node(
-            cluster, kubelet_harness_binary, tmp, "dgx-a100",
-            plugin_args=["--rolling-update-uid=0aaaaaaa-old"],
-        )  # fmt: skip
+    cluster: Cluster, driver_objects: list[str], node_binaries: NodeBinaries, helm_binary: Path
+) -> Iterator[RealGpuNode]:
+    with real_gpu_node(cluster, node_binaries, helm_binary, "dgx-a100") as started:
         yield started
-        started.stop()
 
 
-def records(log: Path, claim_uid: str, msg: str) -> list[dict]:
-    out = []
-    for line in log.read_text(errors="replace").splitlines():
-        if line.startswith("{"):
-            rec = json.loads(line)
-            if rec.get("claim_uid") == claim_uid and rec.get("msg", "").startswith(msg):
-                out.append(rec)
-    return out
+def claim_uid(cluster: Cluster, ns: str, pod: str) -> str:
+    return str(get_claim(cluster, ns, claim_name_of(cluster, ns, pod, "gpu"))["metadata"]["uid"])
 
 
 def test_surge_upgrade_hands_claims_to_the_new_plugin(
-    cluster: Cluster, cluster_namespace: str, node: GpuNode, container_runtime: ContainerRuntime
+    cluster: Cluster, cluster_namespace: str, node: RealGpuNode
 ) -> None:
     ns = cluster_namespace
-    apply_example(cluster, node, "gpu-by-memory.yaml", ns)
-    assert node.run_pod(ns, "gpu-by-memory", container_runtime).containers["main"].returncode == 0
-    old_uid = get_claim(cluster, ns, claim_name_of(cluster, ns, "gpu-by-memory", "gpu"))[
-        "metadata"
-    ]["uid"]
-    assert records(node.plugin_log, old_uid, "prepared")
+    objs = keep_running(pin_to_node(load_examples(EXAMPLES / "gpu-by-memory.yaml", ns), node.name))
+    cluster.apply(objs)
+    node.run_pod(ns, "gpu-by-memory")
+    old_uid = claim_uid(cluster, ns, "gpu-by-memory")
+    assert plugin_records(node, old_uid, "prepared")
     devices = node.published_devices()
+    sockets = node.node.paths.kubelet_root / "plugins_registry"
+    assert [p.name for p in sockets.iterdir()] == [f"gpu.nvidia.com-{node.pod_uid}-reg.sock"]
 
-    seq = node.harness.last_seq()
+    # The new pod: same container, its own pod UID (and, being its own pod, its
+    # own network namespace: here its own health port).
+    new_pod_uid = str(uuid.uuid4())
     new_log = node.workdir / "plugin-new.log"
-    argv = [a for a in node.plugin_argv() if not a.startswith("--rolling-update-uid=")]
+    env = {**node.plugin_env(new_pod_uid), "HEALTH_PORT": str(free_port())}
     with new_log.open("ab") as log:
-        new = subprocess.Popen(
-            [*argv, "--rolling-update-uid=0bbbbbbb-new"],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
+        new = subprocess.Popen(node.plugin_argv(), env=env, stdout=log, stderr=subprocess.STDOUT,
+                               start_new_session=True)  # fmt: skip
     try:
-        node.harness.wait_registered(node.driver, after_seq=seq, timeout=30)
-        endpoints = {e["endpoint"] for e in node.harness.registrations() if e["kind"] == "register"}
-        assert len(endpoints) == 2, endpoints  # both pods' sockets registered at once
-
+        wait_until(lambda: node.registrations(new_log) >= 1, timeout=60,
+                   what="the real kubelet registered the new plugin beside the old")  # fmt: skip
+        assert sorted(p.name for p in sockets.iterdir()) == sorted(
+            f"gpu.nvidia.com-{uid}-reg.sock" for uid in (node.pod_uid, new_pod_uid)
+        )
         node.stop_plugin()  # the old pod terminates
-        wait_until(
-            lambda: any(e["kind"] == "deregister" for e in node.harness.registrations()),
-            timeout=30, what="the old plugin deregistered",
-        )  # fmt: skip
+        wait_until(lambda: len(list(sockets.iterdir())) == 1, timeout=30,
+                   what="the old plugin's registration socket removed")  # fmt: skip
         assert node.published_devices() == devices  # slices untouched by the switch
 
-        objs = pin_to_node(
-            [{"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "after", "namespace": ns},
-              "spec": {"restartPolicy": "Never",
-                       "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "gpu-40gi"}],
-                       "containers": [{"name": "main", "image": "busybox",
-                                       "command": ["sh", "-c", "ls /dev/nvidia*"],
-                                       "resources": {"claims": [{"name": "gpu"}]}}]}}],
-            node.name,
-        )  # fmt: skip
-        cluster.apply(objs)
-        run = node.run_pod(ns, "after", container_runtime)
-        assert run.containers["main"].returncode == 0
-        new_uid = get_claim(cluster, ns, claim_name_of(cluster, ns, "after", "gpu"))["metadata"][
-            "uid"
-        ]
-        assert records(new_log, new_uid, "prepared")
+        after = keep_running(objs)[-1]
+        after["metadata"]["name"] = "after"
+        cluster.apply(after)
+        node.run_pod(ns, "after")
+        new_uid = claim_uid(cluster, ns, "after")
+        assert plugin_records(node, new_uid, "prepared") == []
+        assert [r for r in node.plugin_log_records(new_log)
+                if r.get("claim_uid") == new_uid and r["msg"].startswith("prepared")]  # fmt: skip
 
         node.delete_pod(ns, "gpu-by-memory")
         node.delete_pod(ns, "after")
-        assert records(new_log, old_uid, "unprepared"), "new plugin must unprepare old claims"
-        assert records(new_log, new_uid, "unprepared")
-        assert node.cdi_specs() == {}
+        wait_until(lambda: node.cdi_specs() == {}, timeout=30, what="every CDI spec removed")
+        unprepared = {r.get("claim_uid") for r in node.plugin_log_records(new_log)
+                      if r.get("msg", "").startswith("unprepared")}  # fmt: skip
+        assert {old_uid, new_uid} <= unprepared, "the new plugin must unprepare the old claims"
     finally:
         if new.poll() is None:
             os.kill(new.pid, signal.SIGTERM)
