@@ -277,6 +277,8 @@ def run(args: argparse.Namespace) -> int:
                 backend=driver,
                 logger=logging.getLogger("dra_driver.plugin"),
                 registry=registry,
+                # In-cluster credentials (the chart's pod) need KUBERNETES_SERVICE_HOST.
+                environ=os.environ,
             )
             signal.signal(signal.SIGTERM, on_stop)
             signal.signal(signal.SIGINT, on_stop)

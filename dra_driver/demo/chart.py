@@ -37,10 +37,14 @@ def find_helm(repo: Path, env: Mapping[str, str] | None = None) -> Path:
 
 
 def render(
-    helm: Path, chart: Path, values: Mapping[str, str], namespace: str = NAMESPACE
+    helm: Path,
+    chart: Path,
+    values: Mapping[str, str],
+    namespace: str = NAMESPACE,
+    release: str = RELEASE,
 ) -> list[dict[str, Any]]:
     """``helm template`` with ``--set key=value`` for each entry; the objects in order."""
-    argv = [str(helm), "template", RELEASE, str(chart), "--namespace", namespace]
+    argv = [str(helm), "template", release, str(chart), "--namespace", namespace]
     for key, value in values.items():
         argv += ["--set", f"{key}={value}"]
     done = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=120)

@@ -6,8 +6,10 @@ Missing pieces fail the tests; nothing is skipped."""
 
 from __future__ import annotations
 
+import os
 import secrets
 import shutil
+import subprocess
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -102,6 +104,21 @@ def helm_binary() -> Path:
         return find_helm(ROOT)
     except ChartError as err:
         pytest.fail(str(err), pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def plugin_image() -> tuple[Path, str]:
+    """The plugin image archive and its reference ($DRA_PLUGIN_IMAGE or
+    scripts/build-plugin-image.sh: "ARCHIVE REF")."""
+    line = os.environ.get("DRA_PLUGIN_IMAGE", "")
+    if not line:
+        done = subprocess.run([str(ROOT / "scripts" / "build-plugin-image.sh")], cwd=ROOT,
+                              stdout=subprocess.PIPE, text=True, check=False)  # fmt: skip
+        if done.returncode != 0 or not done.stdout.strip():
+            pytest.fail(f"scripts/build-plugin-image.sh failed ({done.returncode})", pytrace=False)
+        line = done.stdout.strip().splitlines()[-1]
+    archive, ref = line.split()
+    return Path(archive), ref
 
 
 @contextmanager

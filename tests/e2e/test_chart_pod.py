@@ -1,165 +1,134 @@
-"""The chart's DaemonSet container, run as-is: its args and env (NODE_NAME and
-POD_UID from the downward API, rolling-update sockets, HOST_DRIVER_ROOT,
-HEALTH_PORT) start a plugin that the kubelet's own code registers, that answers
-the chart's probes, and that prepares a pod's claim with CDI paths the node's
-runtime can open. No kubelet runs pods here, so the container's command runs as
-a local process with the ServiceAccount token the pod would get (bound to the
-node); only the driver root's mount point (/driver-root in the pod) is moved
-into the test's emulated tree."""
+"""The chart's DaemonSet on a real node: its pod runs from the image assembled
+locally with the Dockerfile's contents (imported into containerd, no registry),
+with the chart's hostPath mounts, in-cluster credentials (a projected token
+bound to the pod and its node), downward-API env and probes. The real kubelet
+registers it (UID-suffixed sockets), a GPU pod gets its devices, a SIGKILLed
+plugin container is restarted by the kubelet, a rolling update surges a new pod
+that takes over the claims, and uninstalling removes the pod and its sockets."""
 
 from __future__ import annotations
 
-import json
-import os
-import secrets
-import shutil
-import signal
-import socket
-import subprocess
-import sys
-import tempfile
-import time
-import urllib.error
-import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from dra_driver.demo.kubeletharness import HarnessError, KubeletHarness
-from dra_driver.demo.stack import load_examples, node_bound_kubeconfig, pin_to_node
+from dra_driver.demo.pluginimage import Dockerfile
+from dra_driver.demo.realgpu import RealGpuNodePod, keep_running
+from dra_driver.demo.stack import load_examples, pin_to_node
 from dra_driver.devcluster import Cluster, wait_until
-from dra_driver.gpu.emulation.hosttree import DRIVER_ROOT
-from tests.e2e.helm import build_helm, render
-from tests.e2e.scenarios import EXAMPLES
+from dra_driver.devcluster.binaries import NodeBinaries
+from dra_driver.devcluster.node import NodeImage
+from tests.conftest import start_real_node
+from tests.e2e.helm import CHART, ROOT
+from tests.e2e.scenarios import EXAMPLES, claim_name_of, get_claim, plugin_records
 
 
-def container_env(container: dict[str, Any], node: str, pod_uid: str) -> dict[str, str]:
-    """The env the kubelet would give the container (downward API resolved)."""
-    fields = {"spec.nodeName": node, "metadata.uid": pod_uid}
-    env = {}
-    for item in container["env"]:
-        if "value" in item:
-            env[item["name"]] = item["value"]
-        else:
-            env[item["name"]] = fields[item["valueFrom"]["fieldRef"]["fieldPath"]]
-    return env
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def probe(port: int, path: str) -> tuple[int, dict[str, Any]]:
-    """What the kubelet's httpGet probe sees."""
+@pytest.fixture(scope="module")
+def chart_node(
+    cluster: Cluster,
+    driver_objects: list[str],
+    node_binaries: NodeBinaries,
+    helm_binary: Path,
+    plugin_image: tuple[Path, str],
+) -> Iterator[RealGpuNodePod]:
+    archive, ref = plugin_image
+    node = start_real_node(cluster, node_binaries, prefix="cp")
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as resp:
-            return resp.status, json.loads(resp.read())
-    except urllib.error.HTTPError as err:
-        return err.code, json.loads(err.read())
-
-
-def test_chart_container_registers_and_prepares(
-    cluster: Cluster, cluster_namespace: str, driver_objects: list[str],
-    kubelet_harness_binary: Path,
-) -> None:  # fmt: skip
-    # Short: the UID-suffixed socket paths below must stay under 108 bytes.
-    work = Path(tempfile.mkdtemp(prefix="cp-", dir="/tmp"))
-    name = f"chart-{secrets.token_hex(3)}"
-    node = cluster.create_node(name)
-    kubeconfig = node_bound_kubeconfig(cluster, node, work)
-    port = free_port()
-    objs = render(
-        build_helm(),
-        "--set", f"kubeletRootDir={work}/kubelet",
-        "--set", f"cdiDir={work}/cdi",
-        "--set", "emulate=dgx-a100",
-        "--set", "driverRoot=/run/nvidia/driver",
-        "--set", f"healthPort={port}",
-    )  # fmt: skip
-    (ds,) = (o for o in objs if o["kind"] == "DaemonSet")
-    (container,) = ds["spec"]["template"]["spec"]["containers"]
-    pod_uid = "0c0ffee0-0000-4000-8000-000000000001"
-    env = {
-        **os.environ,
-        **container_env(container, name, pod_uid),
-        "KUBECONFIG": str(kubeconfig),
-        "HOST_ROOT": str(work / "host"),  # the emulated node's tree, to find its driver
-    }
-    assert env["HOST_DRIVER_ROOT"] == "/run/nvidia/driver"
-    assert env["HEALTH_PORT"] == str(port)
-    # The pod mounts the host's driver root at /driver-root; here it is the emulated one.
-    assert "--driver-root=/driver-root" in container["args"]
-    args = [
-        f"--driver-root={work / 'host' / DRIVER_ROOT}" if a == "--driver-root=/driver-root" else a
-        for a in container["args"]
-    ]
-    harness = KubeletHarness(
-        binary=kubelet_harness_binary, kubeconfig=cluster.kubeconfig, node_name=name,
-        root_dir=work / "kubelet", log_path=work / "kubelet-harness.log",
-    )  # fmt: skip
-    harness.start()
-    log = (work / "plugin.log").open("wb")
-    # The image entry point execs `dra-driver` with the arguments the chart gives.
-    plugin = subprocess.Popen(
-        [sys.executable, "-m", "dra_driver", *args],
-        env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-    )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert plugin.poll() is None, (work / "plugin.log").read_text()[-3000:]
-            try:
-                harness.wait_registered("gpu.nvidia.com", timeout=1)
-                break
-            except HarnessError:
-                assert time.monotonic() < deadline, (work / "plugin.log").read_text()[-3000:]
-        (event,) = [e for e in harness.registrations() if e["kind"] == "register"]
-        # Rolling-update mode from POD_UID: the kubelet dials the UID-suffixed socket.
-        assert event["endpoint"] == f"{work}/kubelet/plugins/gpu.nvidia.com/dra-{pod_uid}.sock"
-        assert (
-            work / "kubelet" / "plugins_registry" / f"gpu.nvidia.com-{pod_uid}-reg.sock"
-        ).exists()
-        # The chart's probes: live at once, ready once registered and published.
-        assert probe(port, "/healthz") == (200, {"ok": True, "problems": []})
-        wait_until(lambda: probe(port, "/readyz")[0] == 200, timeout=30, what="/readyz 200")
-
-        ns = cluster_namespace
-        cluster.apply(pin_to_node(load_examples(EXAMPLES / "gpu-by-memory.yaml", ns), name))
-        wait_until(
-            lambda: cluster.rest.get(f"/api/v1/namespaces/{ns}/pods/gpu-by-memory")["spec"].get(
-                "nodeName"
-            ),
-            timeout=60, what="pod bound",
+        node.import_image(NodeImage(archive, ref))
+        gpu = RealGpuNodePod(
+            image=ref, cluster=cluster, node=node, profile="dgx-a100",
+            workdir=node.paths.workdir / "gpu", helm=helm_binary, chart_dir=CHART,
         )  # fmt: skip
-        prepared = harness.prepare(ns, "gpu-by-memory")
-        (cdi_id,) = prepared.containers["main"].cdi_devices
-        assert cdi_id.startswith("k8s.gpu.nvidia.com/claim=")
-        (spec_file,) = (work / "cdi").iterdir()
-        assert spec_file.name == (
-            f"k8s.gpu.nvidia.com-claim_{cdi_id.split('=')[1].rsplit('-gpu-', 1)[0]}.json"
-        )
-        # Driver files are named where the node's runtime finds them (HOST_DRIVER_ROOT),
-        # not where the plugin read them.
-        spec = json.loads(spec_file.read_text())
-        edits = [spec.get("containerEdits", {})] + [d["containerEdits"] for d in spec["devices"]]
-        mounts = [m["hostPath"] for e in edits for m in e.get("mounts", [])]
-        hooks = [h["path"] for e in edits for h in e.get("hooks", [])]
-        assert any(m.startswith("/run/nvidia/driver/") and "libcuda" in m for m in mounts), mounts
-        assert not [p for p in mounts + hooks if str(work) in p], (mounts, hooks)
-        cluster.rest.delete(f"/api/v1/namespaces/{ns}/pods/gpu-by-memory")
-        harness.unprepare(ns, "gpu-by-memory")
-        assert list((work / "cdi").iterdir()) == []
-        os.kill(plugin.pid, signal.SIGTERM)
-        assert plugin.wait(timeout=15) == 0
-        with pytest.raises(OSError):  # the health endpoint went with the plugin
-            probe(port, "/healthz")
+        try:
+            gpu.start()
+            yield gpu
+        finally:
+            gpu.stop()
     finally:
-        if plugin.poll() is None:
-            os.kill(plugin.pid, signal.SIGTERM)
-            plugin.wait(timeout=15)
-        log.close()
-        harness.stop()
-        shutil.rmtree(work, ignore_errors=True)
+        node.stop()
+        node.remove_workdir()
+
+
+def registry(node: RealGpuNodePod) -> list[str]:
+    return sorted(p.name for p in (node.node.paths.kubelet_root / "plugins_registry").iterdir())
+
+
+def test_daemonset_pod_runs_the_image_as_the_chart_says(
+    chart_node: RealGpuNodePod, plugin_image: tuple[Path, str]
+) -> None:
+    node = chart_node
+    (pod,) = node.plugin_pods()
+    assert node.pod_ready(pod)  # the readiness probe (/readyz) passed
+    (container,) = pod["spec"]["containers"]
+    assert container["image"] == plugin_image[1]
+    assert container["args"][0] == "kubelet-plugin"
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    root = str(node.node.paths.kubelet_root)
+    assert mounts["plugins-registry"] == f"{root}/plugins_registry"
+    assert mounts["plugins"] == f"{root}/plugins"
+    assert mounts["cdi"] == str(node.cdi_dir)
+    assert mounts["driver-root"] == "/driver-root"
+    assert any(m.startswith("kube-api-access") for m in mounts)  # the projected token
+    # Rolling-update mode from the downward API: the socket carries the pod's UID.
+    assert registry(node) == [f"gpu.nvidia.com-{pod['metadata']['uid']}-reg.sock"]
+    assert node.registrations() == 1
+    # The image runs the Dockerfile's entry point and command.
+    dockerfile = Dockerfile.parse((ROOT / "Dockerfile").read_text())
+    assert dockerfile.entrypoint == ("dra-driver-entrypoint",)
+    assert dockerfile.cmd == ("kubelet-plugin",)
+    assert node.published_devices()
+
+
+def test_gpu_pod_restart_and_rolling_update(
+    cluster: Cluster, cluster_namespace: str, chart_node: RealGpuNodePod
+) -> None:
+    ns, node = cluster_namespace, chart_node
+    objs = keep_running(pin_to_node(load_examples(EXAMPLES / "gpu-by-memory.yaml", ns), node.name))
+    cluster.apply(objs)
+    run = node.run_pod(ns, "gpu-by-memory")
+    assert [w for w in run.containers["main"].stdout.split() if w[-1:].isdigit()], run
+    old_claim = get_claim(cluster, ns, claim_name_of(cluster, ns, "gpu-by-memory", "gpu"))
+    old_uid = old_claim["metadata"]["uid"]
+    assert plugin_records(node, old_uid, "prepared")
+    (spec,) = node.cdi_specs().values()
+    mounts = [m["hostPath"] for e in [spec["containerEdits"]] for m in e.get("mounts", [])]
+    # Driver files named where containerd finds them (the host), not /driver-root.
+    assert mounts and all(m.startswith(str(node.host_root)) for m in mounts), mounts
+
+    # SIGKILL: the kubelet restarts the container in the same pod; it registers again.
+    restarts = node.restart_count()
+    node.kill_plugin()
+    wait_until(lambda: node.restart_count() > restarts, timeout=60,
+               what="the kubelet restarted the plugin container",
+               describe=node.describe_plugin)  # fmt: skip
+    wait_until(lambda: node.registrations() >= 2, timeout=90, what="re-registration",
+               describe=node.describe_plugin)  # fmt: skip
+    node.wait_ready()
+
+    # Rolling update: the new pod starts next to the old one (maxSurge 1).
+    (old_pod,) = node.plugin_pods()
+    node.roll()
+    wait_until(lambda: len(node.plugin_pods()) == 2, timeout=60,
+               what="a second plugin pod beside the first (surge)",
+               describe=node.describe_plugin)  # fmt: skip
+    wait_until(
+        lambda: [p["metadata"]["uid"] for p in node.plugin_pods()]
+        != [old_pod["metadata"]["uid"]] and len(node.plugin_pods()) == 1
+        and node.pod_ready(node.plugin_pods()[0]),
+        timeout=120, what="the old plugin pod replaced by a Ready new one",
+        describe=node.describe_plugin,
+    )  # fmt: skip
+    (new_pod,) = node.plugin_pods()
+    wait_until(lambda: registry(node) == [f"gpu.nvidia.com-{new_pod['metadata']['uid']}-reg.sock"],
+               timeout=30, what="only the new pod's registration socket")  # fmt: skip
+
+    after = keep_running(objs)[-1]
+    after["metadata"]["name"] = "after"
+    cluster.apply(after)
+    node.run_pod(ns, "after")
+    node.delete_pod(ns, "gpu-by-memory")
+    node.delete_pod(ns, "after")
+    wait_until(lambda: node.cdi_specs() == {}, timeout=30, what="every CDI spec removed")
+    # The claim the old pod prepared was unprepared by the new one.
+    assert plugin_records(node, old_uid, "unprepared")
