@@ -195,7 +195,7 @@ def transient_spec_path(cdi_dir: Path, kind: str, transient_id: str) -> Path:
 
 
 def minimum_version(spec: Spec) -> str:
-    """The lowest ``cdiVersion`` that can express the spec (cdi.md section 1)."""
+    """The lowest ``cdiVersion`` that can express the spec (docs/cdi.md section 1)."""
     all_edits = [spec.edits, *(d.edits for d in spec.devices)]
     if any(e.additional_gids for e in all_edits):
         return "0.7.0"

@@ -1,7 +1,7 @@
 """A small JSON client for the few API calls the kubelet plugin makes.
 
 Why not ``kubernetes.client``: importing it loads every generated model (about
-37 MB and 0.6 s, see footprint.md) in a daemon that runs on every GPU node.
+37 MB and 0.6 s, see docs/footprint.md) in a daemon that runs on every GPU node.
 This module speaks plain JSON dicts over a pooled ``urllib3`` connection and
 loads credentials itself from a kubeconfig file (certificates, bearer token or
 token file; no exec plugins) or from the in-cluster service-account mount.

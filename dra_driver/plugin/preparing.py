@@ -152,10 +152,12 @@ class ClaimService:
             log.exception("prepare failed unexpectedly")
             self._failed("prepare", ref, exc, started)
             return ClaimOutcome(error=f"internal error preparing claim {ref}: {exc!r}")
-        log.info("prepared %d device(s)", len(devices))
+        elapsed = time.perf_counter() - started
+        # duration_ms: claim GET + device preparation, what the kubelet waits for.
+        log.info("prepared %d device(s)", len(devices), extra={"duration_ms": round(elapsed * 1000, 1)})
         outcome = ClaimOutcome(devices=tuple(_base_names(d) for d in devices))
         if self._events is not None:
-            self._events.prepared(ref, obj, outcome.devices, time.perf_counter() - started)
+            self._events.prepared(ref, obj, outcome.devices, elapsed)
         return outcome
 
     def _failed(self, operation: str, ref: ClaimRef, exc: BaseException, started: float) -> None:

@@ -2,7 +2,7 @@
 
 Everything the API server would reject is caught here first, with the field
 path, the bad value and what is allowed, so a bad pool never reaches the
-server half-written. Limits (dra-spec.md section 4): 128 devices per slice,
+server half-written. Limits (docs/dra-spec.md section 4): 128 devices per slice,
 64 when any device in it has taints or consumes counters; counter sets live in
 their own slices, at most 8 per slice; at most 32 attributes + capacities per
 device; strings and versions at most 64 characters; versions strict semver.

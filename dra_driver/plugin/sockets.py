@@ -1,6 +1,6 @@
 """Socket and lock-file layout of a kubelet plugin, and safe socket handling.
 
-Layout (dra-spec.md section 1), both roots configurable because the kubelet
+Layout (docs/dra-spec.md section 1), both roots configurable because the kubelet
 root dir can move:
 
 - registration: ``<registry_dir>/<driver>-reg.sock`` (rolling update:

@@ -1,4 +1,4 @@
-"""The daemon path stays light: no generated kubernetes models (footprint.md)."""
+"""The daemon path stays light: no generated kubernetes models (docs/footprint.md)."""
 
 from __future__ import annotations
 
