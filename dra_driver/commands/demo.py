@@ -38,8 +38,12 @@ def _interrupt(_signum: int, _frame: FrameType | None) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from dra_driver.demo.walkthrough import DemoOptions, run_demo
-    from dra_driver.devcluster.binaries import repo_root
+    try:
+        from dra_driver.demo.walkthrough import DemoOptions, run_demo
+        from dra_driver.devcluster.binaries import repo_root
+    except ModuleNotFoundError as err:
+        print(f"dra-driver demo: {err}", file=sys.stderr)
+        return 2
 
     repo = repo_root()
     if repo is None:

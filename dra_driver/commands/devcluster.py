@@ -48,13 +48,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     # Imported here so `dra-driver --help` does not pay for the devcluster stack.
-    from dra_driver.devcluster import (
-        Binaries,
-        BinariesError,
-        Cluster,
-        ComponentError,
-        find_binaries,
-    )
+    try:
+        from dra_driver.devcluster import (
+            Binaries,
+            BinariesError,
+            Cluster,
+            ComponentError,
+            find_binaries,
+        )
+    except ModuleNotFoundError as err:
+        print(f"dra-driver dev-cluster: {err}", file=sys.stderr)
+        return 2
 
     try:
         binaries = Binaries.from_dir(args.bin_dir) if args.bin_dir else find_binaries()

@@ -1,7 +1,20 @@
+# ruff: noqa: E402 (the extra check must run before the submodules import their deps)
 """A real Kubernetes control plane (etcd, kube-apiserver, kube-scheduler,
-kube-controller-manager) on loopback, for the test tiers and ``dra-driver
-dev-cluster up``. Test and developer tooling only: the driver never imports it.
+kube-controller-manager) on loopback, and real nodes (kubelet + containerd), for
+the test tiers, ``dra-driver dev-cluster up`` and ``dra-driver demo``. Test and
+developer tooling only: the driver never imports it. Needs the ``dev`` extra.
 """
+
+import importlib.util
+
+DEV_EXTRA_HINT = "pip install 'dra-driver[dev]'"
+_missing = [m for m in ("cryptography", "kubernetes") if importlib.util.find_spec(m) is None]
+if _missing:
+    raise ModuleNotFoundError(
+        f"dra_driver.devcluster needs {', '.join(_missing)}, the developer tools of the "
+        f"'dev' extra: {DEV_EXTRA_HINT}",
+        name=_missing[0],
+    )
 
 from dra_driver.devcluster.binaries import Binaries, BinariesError, find_binaries
 from dra_driver.devcluster.cluster import DRA_CONTROLLERS, Cluster, ClusterOptions, StartupTimes
