@@ -37,9 +37,9 @@ from dra_driver.demo.pluginimage import build as build_image
 from dra_driver.demo.realgpu import RealGpuNode, RealGpuNodePod
 from dra_driver.demo.stack import RESOURCE_API, install_driver_objects
 from dra_driver.devcluster import Cluster, find_binaries, wait_until
+from dra_driver.devcluster.api import ApiError
 from dra_driver.devcluster.binaries import find_node_binaries
 from dra_driver.devcluster.node import NodeImage, RealNode, RealNodeOptions
-from dra_driver.devcluster.rest import ApiError
 
 ROOT = Path(__file__).resolve().parents[1]
 NS = "bench"

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from dra_driver import __version__
-from dra_driver.devcluster import RestClient, find_binaries
+from dra_driver.devcluster import ToolClient, api_client, find_binaries
 
 # The installed console script, next to the interpreter running the tests.
 SCRIPT = Path(sys.executable).parent / "dra-driver"
@@ -98,11 +98,13 @@ def test_dev_cluster_up_serves_until_sigterm(tmp_path: Path) -> None:
                 break
         assert Path(printed["kubeconfig"]) == workdir / "admin.kubeconfig"
         pki = workdir / "pki"
-        client = RestClient(
-            printed["server"],
-            pki / "ca.crt",
-            cert_file=pki / "admin.crt",
-            key_file=pki / "admin.key",
+        client = ToolClient(
+            api_client(
+                printed["server"],
+                pki / "ca.crt",
+                cert_file=pki / "admin.crt",
+                key_file=pki / "admin.key",
+            )
         )
         nodes = client.get("/api/v1/nodes")["items"]
         assert sorted(n["metadata"]["name"] for n in nodes) == ["alpha", "beta"]

@@ -36,8 +36,8 @@ from typing import Any
 from dra_driver.demo import chart
 from dra_driver.demo.stack import DRIVER, RESOURCE_API, node_bound_kubeconfig
 from dra_driver.devcluster import Cluster, wait_until
+from dra_driver.devcluster.api import ApiError, JsonObject
 from dra_driver.devcluster.node import RealNode, parse_cri_log
-from dra_driver.devcluster.rest import ApiError, JsonObject
 from dra_driver.gpu.emulation.hosttree import DRIVER_ROOT
 
 POD_DRIVER_ROOT = "/driver-root"

@@ -28,8 +28,8 @@ import yaml
 from dra_driver.demo.kubeletharness import HarnessError, KubeletHarness, PrepareResult
 from dra_driver.demo.runtime import ContainerRun, ContainerRuntime
 from dra_driver.devcluster import Cluster, wait_until
+from dra_driver.devcluster.api import JsonObject
 from dra_driver.devcluster.kubeconfig import write_kubeconfig
-from dra_driver.devcluster.rest import JsonObject
 
 logger = logging.getLogger(__name__)
 

@@ -16,10 +16,10 @@ if _missing:
         name=_missing[0],
     )
 
+from dra_driver.devcluster.api import ApiError, ToolClient, api_client
 from dra_driver.devcluster.binaries import Binaries, BinariesError, find_binaries
 from dra_driver.devcluster.cluster import DRA_CONTROLLERS, Cluster, ClusterOptions, StartupTimes
 from dra_driver.devcluster.processes import ComponentError
-from dra_driver.devcluster.rest import ApiError, RestClient
 from dra_driver.devcluster.wait import wait_until
 
 __all__ = [
@@ -30,7 +30,8 @@ __all__ = [
     "Cluster",
     "ClusterOptions",
     "ComponentError",
-    "RestClient",
+    "ToolClient",
+    "api_client",
     "StartupTimes",
     "find_binaries",
     "wait_until",

@@ -13,6 +13,7 @@ from __future__ import annotations
 import datetime
 import logging
 import shutil
+import ssl
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -20,11 +21,11 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, overload
 
+from dra_driver.devcluster.api import ApiError, JsonObject, ToolClient, api_client
 from dra_driver.devcluster.binaries import Binaries
 from dra_driver.devcluster.certs import ClusterCerts, generate_certs
 from dra_driver.devcluster.kubeconfig import write_kubeconfig
 from dra_driver.devcluster.processes import Component, ComponentError, free_loopback_ports, http_ok
-from dra_driver.devcluster.rest import ApiError, JsonObject, RestClient
 
 if TYPE_CHECKING:
     import kubernetes.client
@@ -74,7 +75,8 @@ class Cluster:
     """One control plane. Use as a context manager, or call :meth:`start`/:meth:`stop`.
 
     Public attributes other code relies on: ``kubeconfig`` (admin), ``server``,
-    ``ca_file``, ``workdir``, ``rest`` (a :class:`RestClient` as admin).
+    ``ca_file``, ``workdir``, ``rest`` (a :class:`ToolClient` as admin, over the
+    ``kubernetes`` library).
     """
 
     def __init__(
@@ -86,7 +88,8 @@ class Cluster:
         self.log_dir = workdir / "logs"
         self.kubeconfig = workdir / "admin.kubeconfig"
         self._certs: ClusterCerts | None = None
-        self._rest: RestClient | None = None
+        self._rest: ToolClient | None = None
+        self._ssl: ssl.SSLContext | None = None
         self._components: list[Component] = []
         self.server = ""
         self.startup_times: StartupTimes | None = None
@@ -104,7 +107,7 @@ class Cluster:
         return self.certs.ca_cert
 
     @property
-    def rest(self) -> RestClient:
+    def rest(self) -> ToolClient:
         if self._rest is None:
             raise RuntimeError("cluster not started")
         return self._rest
@@ -185,9 +188,13 @@ class Cluster:
                 *([f"--runtime-config={runtime_config}"] if runtime_config else []),
             ],
         )
-        self._rest = RestClient(
-            self.server, certs.ca_cert, cert_file=certs.admin_cert, key_file=certs.admin_key
+        self._rest = ToolClient(
+            api_client(
+                self.server, certs.ca_cert, cert_file=certs.admin_cert, key_file=certs.admin_key
+            )
         )
+        self._ssl = ssl.create_default_context(cafile=str(certs.ca_cert))
+        self._ssl.load_cert_chain(str(certs.admin_cert), str(certs.admin_key))
         api_s = apiserver.wait_healthy(lambda: self._apiserver_ready(), deadline)
         write_kubeconfig(
             self.kubeconfig,
@@ -251,10 +258,10 @@ class Cluster:
         return ok and '"true"' in body, body
 
     def _apiserver_ready(self) -> tuple[bool, str]:
-        return http_ok(f"{self.server}/readyz", self.rest.ssl_context)
+        return http_ok(f"{self.server}/readyz", self._ssl)
 
     def _https_ok(self, port: int, path: str) -> tuple[bool, str]:
-        return http_ok(f"https://127.0.0.1:{port}{path}", self.rest.ssl_context)
+        return http_ok(f"https://127.0.0.1:{port}{path}", self._ssl)
 
     def stop(self) -> None:
         """Stop every component (newest first) by PID; drop etcd data, keep logs."""

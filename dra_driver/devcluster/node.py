@@ -271,7 +271,7 @@ class RealNode:
         self._kubelet.start()
 
     def node_object(self) -> dict[str, Any] | None:
-        from dra_driver.devcluster.rest import ApiError
+        from dra_driver.devcluster.api import ApiError
 
         try:
             return self.cluster.rest.get(f"/api/v1/nodes/{self.name}")

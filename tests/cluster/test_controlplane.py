@@ -11,7 +11,14 @@ from typing import Any
 import pytest
 import yaml
 
-from dra_driver.devcluster import ApiError, Cluster, RestClient, find_binaries, wait_until
+from dra_driver.devcluster import (
+    ApiError,
+    Cluster,
+    ToolClient,
+    api_client,
+    find_binaries,
+    wait_until,
+)
 
 DRIVER = "controlplane.dra.test"
 REPO = Path(__file__).resolve().parents[2]
@@ -54,7 +61,7 @@ def test_service_account_kubeconfig_is_subject_to_rbac(
 ) -> None:
     path = cluster.service_account_kubeconfig(cluster_namespace, "limited")
     assert path.stat().st_mode & 0o777 == 0o600
-    as_sa = RestClient(cluster.server, cluster.ca_file, token=_token(path))
+    as_sa = ToolClient(api_client(cluster.server, cluster.ca_file, token=_token(path)))
     review = as_sa.create(
         "/apis/authentication.k8s.io/v1/selfsubjectreviews",
         {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"},
@@ -108,7 +115,7 @@ def test_service_account_kubeconfig_is_subject_to_rbac(
         assert ResourceV1Api(api).list_resource_slice().kind == "ResourceSliceList"
 
 
-def _can_list_slices(client: RestClient) -> bool:
+def _can_list_slices(client: ToolClient) -> bool:
     try:
         client.get("/apis/resource.k8s.io/v1/resourceslices")
     except ApiError as err:

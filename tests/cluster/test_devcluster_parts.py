@@ -19,7 +19,8 @@ from dra_driver.devcluster import (
     Binaries,
     BinariesError,
     ComponentError,
-    RestClient,
+    ToolClient,
+    api_client,
     find_binaries,
     wait_until,
 )
@@ -142,7 +143,7 @@ def test_kubeconfig_needs_exactly_one_credential(tmp_path: Path) -> None:
 def test_apply_rejects_objects_without_identity_before_any_request(tmp_path: Path) -> None:
     certs = generate_certs(tmp_path)
     # Port 9 on loopback: nothing listens, so any request would fail differently.
-    client = RestClient("https://127.0.0.1:9", certs.ca_cert)
+    client = ToolClient(api_client("https://127.0.0.1:9", certs.ca_cert))
     with pytest.raises(ValueError, match="lacks 'kind'"):
         client.apply({"apiVersion": "v1", "metadata": {"name": "x"}}, "m")
     with pytest.raises(ValueError, match=r"lacks metadata\.name"):

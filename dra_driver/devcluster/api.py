@@ -1,22 +1,24 @@
-"""A minimal JSON REST client for the test control plane.
+"""Plain-dict API calls for the dev cluster's tooling, over the ``kubernetes`` client.
 
-Cluster setup needs only a handful of calls (create Node, TokenRequest,
-server-side apply of plain dicts), so this uses the standard library rather
-than the generated ``kubernetes`` client: it keeps ``dra-driver dev-cluster``
-light and lets tests see raw API answers. Tests that prefer typed models build
-a ``kubernetes`` client from :attr:`Cluster.kubeconfig` instead.
+Tooling (the dev cluster, the demo, the tests) talks to the API server through
+the well-kept ``kubernetes`` library (its transport, TLS, credentials and
+kubeconfig loading); the daemon has its own small client
+(:mod:`dra_driver.plugin.kubeclient`, see docs/footprint.md). This module only
+adds what setting up clusters and reading raw answers needs on top of
+``kubernetes.client.ApiClient``: JSON in and out by REST path, server-side
+apply of plain dicts (kinds resolved through discovery), merge patches, and an
+:class:`ApiError` that keeps the server's status and reason.
 """
 
 from __future__ import annotations
 
 import json
-import ssl
-import urllib.error
 import urllib.parse
-import urllib.request
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+import kubernetes.client
 
 JsonObject = dict[str, Any]
 
@@ -40,30 +42,33 @@ class ApiError(RuntimeError):
         super().__init__(f"{method} {path}: HTTP {status} {self.reason}: {message}")
 
 
-class RestClient:
-    """JSON over HTTPS to one apiserver, authenticated by client cert or bearer token."""
+def api_client(
+    server: str,
+    ca_file: Path,
+    *,
+    cert_file: Path | None = None,
+    key_file: Path | None = None,
+    token: str | None = None,
+) -> kubernetes.client.ApiClient:
+    """A ``kubernetes`` ApiClient for one server and one credential."""
+    config = kubernetes.client.Configuration(host=server.rstrip("/"))
+    config.ssl_ca_cert = str(ca_file)
+    config.verify_ssl = True
+    if cert_file is not None:
+        config.cert_file = str(cert_file)
+        config.key_file = str(key_file) if key_file else None
+    if token:
+        config.api_key = {"authorization": f"Bearer {token}"}
+    return kubernetes.client.ApiClient(config)
 
-    def __init__(
-        self,
-        server: str,
-        ca_file: Path,
-        *,
-        cert_file: Path | None = None,
-        key_file: Path | None = None,
-        token: str | None = None,
-        timeout: float = 30.0,
-    ) -> None:
-        self.server = server.rstrip("/")
-        self._context = ssl.create_default_context(cafile=str(ca_file))
-        if cert_file is not None:
-            self._context.load_cert_chain(str(cert_file), str(key_file) if key_file else None)
-        self._token = token
+
+class ToolClient:
+    """JSON by REST path over a ``kubernetes`` ApiClient (thread-safe like it)."""
+
+    def __init__(self, client: kubernetes.client.ApiClient, timeout: float = 30.0) -> None:
+        self.client = client
         self._timeout = timeout
         self._resources: dict[str, dict[str, tuple[str, bool]]] = {}
-
-    @property
-    def ssl_context(self) -> ssl.SSLContext:
-        return self._context
 
     def request(
         self,
@@ -75,24 +80,33 @@ class RestClient:
         content_type: str = "application/json",
     ) -> JsonObject:
         """Send one request; returns the decoded JSON answer or raises :class:`ApiError`."""
-        url = self.server + path
-        if query:
-            url += "?" + urllib.parse.urlencode(query)
-        data = json.dumps(body).encode() if body is not None else None
-        req = urllib.request.Request(url, data=data, method=method)  # noqa: S310
-        req.add_header("Accept", "application/json")
-        if data is not None:
-            req.add_header("Content-Type", content_type)
-        if self._token:
-            req.add_header("Authorization", f"Bearer {self._token}")
+        headers = {"Accept": "application/json"}
+        payload: Any = None
+        if body is not None:
+            headers["Content-Type"] = content_type
+            # The library encodes *json* content types itself; YAML (apply) goes as
+            # text, and JSON is valid YAML.
+            payload = dict(body) if "json" in content_type else json.dumps(body)
+        _method, url, headers, payload, _post = self.client.param_serialize(
+            method=method,
+            resource_path=path,
+            query_params=list((query or {}).items()),
+            header_params=headers,
+            body=payload,
+            auth_settings=["BearerToken"],
+        )
         try:
-            with urllib.request.urlopen(  # noqa: S310
-                req, timeout=self._timeout, context=self._context
-            ) as resp:
-                raw = resp.read()
-        except urllib.error.HTTPError as err:
-            raise ApiError(method, path, err.code, err.read().decode("utf-8", "replace")) from None
-        decoded: JsonObject = json.loads(raw) if raw else {}
+            resp = self.client.call_api(
+                method, url, header_params=headers, body=payload, _request_timeout=self._timeout
+            )
+            data: bytes = resp.read()  # type: ignore[no-untyped-call]
+        except kubernetes.client.exceptions.ApiException as err:
+            raise ApiError(
+                method, path, int(err.status or 0), str(err.body or err.reason)
+            ) from None
+        if not 200 <= resp.status < 300:
+            raise ApiError(method, path, resp.status, data.decode("utf-8", "replace"))
+        decoded: JsonObject = json.loads(data) if data else {}
         return decoded
 
     def get(self, path: str, query: Mapping[str, str] | None = None) -> JsonObject:
