@@ -27,7 +27,7 @@ import grpc
 from prometheus_client import CollectorRegistry
 
 from dra_driver.devcluster import Cluster, wait_until
-from dra_driver.devcluster.rest import ApiError
+from dra_driver.devcluster.api import ApiError
 from dra_driver.gpu.devices import NumaAttributeForm
 from dra_driver.gpu.discovery import discover
 from dra_driver.gpu.driver import GpuDriver
