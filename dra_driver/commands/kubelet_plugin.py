@@ -31,6 +31,7 @@ from dra_driver.commands.slices import consumable_gpus
 
 if TYPE_CHECKING:
     from dra_driver.gpu.inventory import Inventory
+    from dra_driver.plugin.kubecreds import KubeConfig
 
 NAME = "kubelet-plugin"
 HELP = "run the DRA kubelet plugin for this node's GPUs"
@@ -110,7 +111,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--kubeconfig",
         type=Path,
         default=_path("KUBECONFIG", None),
-        help="kubeconfig file (env KUBECONFIG; default: in-cluster service account)",
+        help="kubeconfig file, or several joined by ':' as in KUBECONFIG (the first file "
+        "naming an entry wins) (env KUBECONFIG; default: in-cluster service account)",
+    )
+    parser.add_argument(
+        "--context",
+        default=_env("KUBE_CONTEXT"),
+        help="kubeconfig context to use (env KUBE_CONTEXT; default: current-context)",
     )
     parser.add_argument(
         "--rediscover-interval",
@@ -279,6 +286,7 @@ def run(args: argparse.Namespace) -> int:
                 registry=registry,
                 # In-cluster credentials (the chart's pod) need KUBERNETES_SERVICE_HOST.
                 environ=os.environ,
+                kube_config=_kube_config(args),
             )
             signal.signal(signal.SIGTERM, on_stop)
             signal.signal(signal.SIGINT, on_stop)
@@ -323,10 +331,21 @@ def run(args: argparse.Namespace) -> int:
                 plugin.stop(uninstall=args.uninstall_on_exit)
                 if health is not None:
                     health.stop()
-    except (DiscoveryError, ProfileError, FileExistsError) as exc:
+    except (DiscoveryError, ProfileError, FileExistsError, KubeError) as exc:
         print(f"dra-driver kubelet-plugin: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+def _kube_config(args: argparse.Namespace) -> KubeConfig | None:
+    """The kubeconfig context named by --context; None leaves the choice to the plugin."""
+    from dra_driver.plugin.kubecreds import KubeConfigError, load_kubeconfig
+
+    if args.context is None:
+        return None
+    if args.kubeconfig is None:
+        raise KubeConfigError("--context needs --kubeconfig (or KUBECONFIG)")
+    return load_kubeconfig(args.kubeconfig, args.context)
 
 
 def _install_emulated_tools(bin_dir: Path, record: Path) -> None:

@@ -2,9 +2,11 @@
 
 Why not ``kubernetes.client``: importing it loads every generated model (about
 37 MB and 0.6 s, see docs/footprint.md) in a daemon that runs on every GPU node.
-This module speaks plain JSON dicts over a pooled ``urllib3`` connection and
-loads credentials itself from a kubeconfig file (certificates, bearer token or
-token file; no exec plugins) or from the in-cluster service-account mount.
+This module speaks plain JSON dicts over a pooled ``urllib3`` connection; the
+credentials (:mod:`dra_driver.plugin.kubecreds`: kubeconfig lists and contexts,
+certificates, tokens, exec plugins, in-cluster) are followed as they rotate: a
+changed client certificate file or exec certificate opens new connections, and
+an exec token the server refuses (401) is fetched again once.
 
 Errors (all raised ``from`` the original cause)::
 
@@ -17,33 +19,51 @@ Errors (all raised ``from`` the original cause)::
 
 from __future__ import annotations
 
-import base64
 import json
 import ssl
 import tempfile
 import threading
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlencode
 
 import urllib3
-import yaml
 
-from dra_driver.errors import DriverError
+from dra_driver.plugin.kubecreds import (
+    IN_CLUSTER_SA_DIR,
+    ExecPlugin,
+    KubeConfig,
+    KubeConfigError,
+    KubeError,
+    load_in_cluster,
+    load_kubeconfig,
+)
+
+__all__ = [
+    "IN_CLUSTER_SA_DIR",
+    "ConflictError",
+    "KubeApiError",
+    "KubeClient",
+    "KubeConfig",
+    "KubeConfigError",
+    "KubeConnectionError",
+    "KubeError",
+    "NotFoundError",
+    "Watch",
+    "load_in_cluster",
+    "load_kubeconfig",
+]
+
 
 RESOURCE_API = "/apis/resource.k8s.io/v1"
-IN_CLUSTER_SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 TOKEN_REREAD_S = 60.0
 """Projected service-account tokens rotate; re-read the file at most this often."""
+CERT_RECHECK_S = 10.0
+"""Client certificate files are checked for a rotation at most this often."""
 
 Obj = dict[str, Any]
-
-
-class KubeError(DriverError):
-    """Any failure talking to the API server."""
 
 
 class KubeConnectionError(KubeError):
@@ -68,86 +88,7 @@ class ConflictError(KubeApiError):
     pass
 
 
-class KubeConfigError(KubeError):
-    """Credentials could not be loaded; names the file and the missing piece."""
-
-
-@dataclass(frozen=True)
-class KubeConfig:
-    """Where and how to reach the API server; one of token/token_file/client cert."""
-
-    server: str
-    ca_pem: str | None = None
-    client_cert_pem: str | None = None
-    client_key_pem: str | None = None
-    token: str | None = None
-    token_file: Path | None = None
-    insecure_skip_tls_verify: bool = False
-
-
-def _data_or_file(entry: Mapping[str, Any], key: str, base: Path) -> str | None:
-    data = entry.get(f"{key}-data")
-    if data:
-        return base64.b64decode(data).decode()
-    path = entry.get(key)
-    if path:
-        return (base / str(path)).read_text()
-    return None
-
-
-def load_kubeconfig(path: Path, context: str | None = None) -> KubeConfig:
-    """Read one context of a kubeconfig file (current-context by default)."""
-    try:
-        doc = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as exc:
-        raise KubeConfigError(f"kubeconfig {path}: cannot read: {exc}") from exc
-    if not isinstance(doc, dict):
-        raise KubeConfigError(f"kubeconfig {path}: not a mapping")
-    name = context or doc.get("current-context")
-
-    def pick(kind: str, wanted: str | None) -> dict[str, Any]:
-        for item in doc.get(kind) or []:
-            if item.get("name") == wanted:
-                return dict(item.get(kind[:-1]) or {})
-        raise KubeConfigError(f"kubeconfig {path}: {kind[:-1]} {wanted!r} not found")
-
-    ctx = pick("contexts", name)
-    cluster = pick("clusters", ctx.get("cluster"))
-    user = pick("users", ctx.get("user"))
-    if "exec" in user or "auth-provider" in user:
-        raise KubeConfigError(f"kubeconfig {path}: exec/auth-provider users are not supported")
-    base = path.parent
-    server = cluster.get("server")
-    if not server:
-        raise KubeConfigError(f"kubeconfig {path}: cluster has no server")
-    token_file = user.get("tokenFile")
-    return KubeConfig(
-        server=str(server).rstrip("/"),
-        ca_pem=_data_or_file(cluster, "certificate-authority", base),
-        client_cert_pem=_data_or_file(user, "client-certificate", base),
-        client_key_pem=_data_or_file(user, "client-key", base),
-        token=user.get("token"),
-        token_file=base / token_file if token_file else None,
-        insecure_skip_tls_verify=bool(cluster.get("insecure-skip-tls-verify", False)),
-    )
-
-
-def load_in_cluster(environ: Mapping[str, str], sa_dir: Path = IN_CLUSTER_SA_DIR) -> KubeConfig:
-    """Service-account credentials of the pod; ``environ`` is passed in, not read here."""
-    host = environ.get("KUBERNETES_SERVICE_HOST")
-    port = environ.get("KUBERNETES_SERVICE_PORT", "443")
-    if not host:
-        raise KubeConfigError("in-cluster config: KUBERNETES_SERVICE_HOST is not set")
-    if ":" in host:
-        host = f"[{host}]"
-    try:
-        ca = (sa_dir / "ca.crt").read_text()
-    except OSError as exc:
-        raise KubeConfigError(f"in-cluster config: cannot read {sa_dir / 'ca.crt'}") from exc
-    return KubeConfig(server=f"https://{host}:{port}", ca_pem=ca, token_file=sa_dir / "token")
-
-
-def _ssl_context(config: KubeConfig) -> ssl.SSLContext:
+def _ssl_context(config: KubeConfig, cert_pem: str | None, key_pem: str | None) -> ssl.SSLContext:
     ctx = (
         ssl.create_default_context(cadata=config.ca_pem)
         if config.ca_pem
@@ -156,15 +97,15 @@ def _ssl_context(config: KubeConfig) -> ssl.SSLContext:
     if config.insecure_skip_tls_verify:
         ctx.check_hostname = False
         ctx.verify_mode = ssl.CERT_NONE
-    if config.client_cert_pem and config.client_key_pem:
+    if cert_pem and key_pem:
         # ssl only loads key pairs from files: write them to a private temp dir
         # (0700, removed right after loading).
         with tempfile.TemporaryDirectory(prefix="kubeclient-") as tmp:
             cert = Path(tmp) / "cert.pem"
             key = Path(tmp) / "key.pem"
-            cert.write_text(config.client_cert_pem)
+            cert.write_text(cert_pem)
             key.touch(mode=0o600)
-            key.write_text(config.client_key_pem)
+            key.write_text(key_pem)
             ctx.load_cert_chain(cert, key)
     return ctx
 
@@ -175,16 +116,58 @@ class KubeClient:
     def __init__(self, config: KubeConfig, *, timeout_s: float = 10.0, pool_size: int = 16) -> None:
         self._config = config
         self._timeout_s = timeout_s
-        self._http = urllib3.PoolManager(
-            num_pools=2,
-            maxsize=pool_size,
-            block=False,
-            ssl_context=_ssl_context(config),
-            retries=False,
-        )
+        self._pool_size = pool_size
+        self._exec = ExecPlugin(config.exec, config.server, config.ca_pem) if config.exec else None
         self._token_lock = threading.Lock()
         self._token: str | None = config.token
         self._token_read_at = 0.0
+        self._cert_lock = threading.Lock()
+        self._cert_pems = (config.client_cert_pem, config.client_key_pem)
+        self._cert_files = _stat(config.client_cert_file, config.client_key_file)
+        self._cert_checked_at = time.monotonic()
+        if self._exec is not None:
+            cred = self._exec.credential()
+            if cred.cert_pem:
+                self._cert_pems = (cred.cert_pem, cred.key_pem)
+        self._http = self._pool()
+
+    def _pool(self) -> urllib3.PoolManager:
+        return urllib3.PoolManager(
+            num_pools=2,
+            maxsize=self._pool_size,
+            block=False,
+            ssl_context=_ssl_context(self._config, *self._cert_pems),
+            retries=False,
+        )
+
+    def _use_cert(self, pems: tuple[str | None, str | None]) -> None:
+        """Switch to another client certificate: new connections from now on."""
+        with self._cert_lock:
+            if pems == self._cert_pems:
+                return
+            self._cert_pems = pems
+            old, self._http = self._http, self._pool()
+        old.clear()
+
+    def _check_cert_files(self) -> None:
+        """Re-read rotated client certificate files (at most every CERT_RECHECK_S)."""
+        cfg = self._config
+        if cfg.client_cert_file is None or cfg.client_key_file is None:
+            return
+        now = time.monotonic()
+        if now - self._cert_checked_at < CERT_RECHECK_S:
+            return
+        self._cert_checked_at = now
+        seen = _stat(cfg.client_cert_file, cfg.client_key_file)
+        if seen == self._cert_files:
+            return
+        try:
+            pems = (cfg.client_cert_file.read_text(), cfg.client_key_file.read_text())
+            _ssl_context(cfg, *pems)  # a half-written pair must not replace a good one
+        except (OSError, ssl.SSLError):
+            return
+        self._cert_files = seen
+        self._use_cert(pems)
 
     @property
     def server(self) -> str:
@@ -195,9 +178,14 @@ class KubeClient:
 
     # -- plumbing ------------------------------------------------------------
 
-    def _headers(self) -> dict[str, str]:
+    def _headers(self, *, refresh: bool = False) -> dict[str, str]:
         headers = {"Accept": "application/json", "User-Agent": "dra-driver-plugin"}
         token = self._current_token()
+        if self._exec is not None:
+            cred = self._exec.credential(refresh=refresh)
+            token = cred.token or token
+            if cred.cert_pem:
+                self._use_cert((cred.cert_pem, cred.key_pem))
         if token:
             headers["Authorization"] = f"Bearer {token}"
         return headers
@@ -232,21 +220,24 @@ class KubeClient:
         content_type: str = "application/json",
     ) -> Obj:
         """One API call; returns the decoded JSON body or raises a :class:`KubeError`."""
-        headers = self._headers()
-        data = None
-        if body is not None:
-            data = json.dumps(body).encode()
-            headers["Content-Type"] = content_type
-        try:
-            resp = self._http.request(
-                method,
-                self._url(path, params),
-                body=data,
-                headers=headers,
-                timeout=urllib3.Timeout(total=self._timeout_s),
-            )
-        except urllib3.exceptions.HTTPError as exc:
-            raise KubeConnectionError(f"{method} {path}: {exc}") from exc
+        self._check_cert_files()
+        data = json.dumps(body).encode() if body is not None else None
+        for attempt in (0, 1):
+            headers = self._headers(refresh=attempt == 1)
+            if data is not None:
+                headers["Content-Type"] = content_type
+            try:
+                resp = self._http.request(
+                    method,
+                    self._url(path, params),
+                    body=data,
+                    headers=headers,
+                    timeout=urllib3.Timeout(total=self._timeout_s),
+                )
+            except urllib3.exceptions.HTTPError as exc:
+                raise KubeConnectionError(f"{method} {path}: {exc}") from exc
+            if resp.status != 401 or self._exec is None:
+                break  # only an exec credential can be fetched anew
         return _decode(method, path, resp.status, resp.data)
 
     # -- typed helpers used by the plugin --------------------------------------
@@ -386,3 +377,15 @@ def _decode(method: str, path: str, status: int, data: bytes) -> Obj:
     message = f"{method} {path}: {message}"
     cls = {404: NotFoundError, 409: ConflictError}.get(status, KubeApiError)
     raise cls(status, reason, message)
+
+
+def _stat(*paths: Path | None) -> tuple[tuple[int, int], ...]:
+    """(mtime_ns, size) of each file, to notice a rotation."""
+    out = []
+    for path in paths:
+        try:
+            st = path.stat() if path is not None else None
+        except OSError:
+            st = None
+        out.append((st.st_mtime_ns, st.st_size) if st else (0, 0))
+    return tuple(out)

@@ -51,12 +51,6 @@ def test_kubeconfig_with_inline_ca_and_token_file(tmp_path: Path) -> None:
     assert cfg.token_file == tmp_path / "tok"
 
 
-def test_exec_users_are_refused_with_a_clear_error(tmp_path: Path) -> None:
-    path = _write(tmp_path / "kc", {"exec": {"command": "aws"}}, {"server": "https://k"})
-    with pytest.raises(KubeConfigError, match="exec/auth-provider users are not supported"):
-        load_kubeconfig(path)
-
-
 def test_in_cluster_config_uses_the_passed_environment(tmp_path: Path) -> None:
     (tmp_path / "ca.crt").write_text("CA")
     cfg = load_in_cluster(
@@ -77,3 +71,54 @@ def test_claim_get_and_not_found_mapping(api: FakeApiServer, tmp_path: Path) -> 
     with pytest.raises(NotFoundError):
         client.get_node("missing")
     client.close()
+
+
+def _config(path: Path, **doc: object) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "Config", **doc}))
+    return path
+
+
+def test_kubeconfig_list_first_file_wins_and_paths_are_relative_to_their_file(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "b" / "tok").parent.mkdir(parents=True)
+    (tmp_path / "b" / "tok").write_text("from-b\n")
+    a = _config(
+        tmp_path / "a" / "config",
+        **{"current-context": "first"},
+        clusters=[{"name": "k", "cluster": {"server": "https://a:6443"}}],
+        contexts=[{"name": "first", "context": {"cluster": "k", "user": "u"}}],
+        users=[{"name": "u", "user": {"token": "from-a"}}],
+    )
+    b = _config(
+        tmp_path / "b" / "config",
+        **{"current-context": "second"},
+        clusters=[{"name": "k", "cluster": {"server": "https://b:6443"}}],
+        contexts=[{"name": "second", "context": {"cluster": "k", "user": "v"}}],
+        users=[
+            {"name": "u", "user": {"token": "ignored"}},
+            {"name": "v", "user": {"tokenFile": "tok"}},
+        ],
+    )
+    listed = f"{a}:{tmp_path / 'missing'}:{b}"
+    first = load_kubeconfig(Path(listed))
+    assert (first.server, first.token) == ("https://a:6443", "from-a")
+    second = load_kubeconfig(listed, context="second")
+    # Context from b, but cluster k was first named in a.
+    assert second.server == "https://a:6443"
+    assert second.token_file == tmp_path / "b" / "tok"
+    with pytest.raises(
+        KubeConfigError, match=r"context 'third' not found \(known: first, second\)"
+    ):
+        load_kubeconfig(listed, context="third")
+
+
+def test_exec_plugin_of_the_wrong_api_version_is_refused(tmp_path: Path) -> None:
+    path = _write(
+        tmp_path / "kc",
+        {"exec": {"command": "x", "apiVersion": "client.authentication.k8s.io/v1alpha1"}},
+        {"server": "https://k"},
+    )
+    with pytest.raises(KubeConfigError, match="v1alpha1' is not one of"):
+        load_kubeconfig(path)

@@ -1,0 +1,103 @@
+"""The plugin's API client against the real apiserver: exec credential plugins
+(token fetched again when the server refuses it) and client certificates that
+rotate on disk (new connections use the new identity)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from dra_driver.devcluster import Cluster
+from dra_driver.devcluster.certs import issue_client_cert
+from dra_driver.plugin import kubeclient
+from dra_driver.plugin.kubeclient import KubeClient, load_kubeconfig
+
+REVIEW = "/apis/authentication.k8s.io/v1/selfsubjectreviews"
+
+
+def whoami(client: KubeClient) -> str:
+    answer = client.request(
+        "POST", REVIEW, body={"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"}
+    )
+    return str(answer["status"]["userInfo"]["username"])
+
+
+def kubeconfig(path: Path, cluster: Cluster, user: dict[str, object]) -> Path:
+    path.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "c",
+        "clusters": [{"name": "k", "cluster": {"server": cluster.server,
+                                               "certificate-authority": str(cluster.ca_file)}}],
+        "contexts": [{"name": "c", "context": {"cluster": "k", "user": "u"}}],
+        "users": [{"name": "u", "user": user}],
+    }))  # fmt: skip
+    return path
+
+
+def test_exec_plugin_token_is_fetched_again_after_a_401(cluster: Cluster, tmp_path: Path) -> None:
+    sa_config = yaml.safe_load(
+        cluster.service_account_kubeconfig("default", "exec-user").read_text()
+    )
+    token = sa_config["users"][0]["user"]["token"]
+    # First run: a token the server refuses; every later run: the real one.
+    plugin = tmp_path / "cred.py"
+    plugin.write_text(
+        "import json, os, pathlib, sys\n"
+        "runs = pathlib.Path(sys.argv[1]); n = len(runs.read_text()) if runs.exists() else 0\n"
+        "runs.write_text('x' * (n + 1))\n"
+        "info = json.loads(os.environ['KUBERNETES_EXEC_INFO'])\n"
+        "assert info['spec']['cluster']['server'].startswith('https://'), info\n"
+        "tok = 'not-a-token' if n == 0 else os.environ['REAL_TOKEN']\n"
+        "print(json.dumps({'apiVersion': info['apiVersion'], 'kind': 'ExecCredential',\n"
+        "                  'status': {'token': tok}}))\n"
+    )
+    path = kubeconfig(tmp_path / "kc", cluster, {"exec": {
+        "apiVersion": "client.authentication.k8s.io/v1", "command": sys.executable,
+        "args": [str(plugin), str(tmp_path / "runs")], "provideClusterInfo": True,
+        "env": [{"name": "REAL_TOKEN", "value": token}], "interactiveMode": "Never",
+    }})  # fmt: skip
+    client = KubeClient(load_kubeconfig(path))
+    assert whoami(client) == "system:serviceaccount:default:exec-user"
+    assert (tmp_path / "runs").read_text() == "xx"  # refused once, fetched again once
+    assert whoami(client) == "system:serviceaccount:default:exec-user"
+    assert (tmp_path / "runs").read_text() == "xx"  # cached: no expiry given
+
+
+def test_rotated_client_certificate_files_are_used_for_new_requests(
+    cluster: Cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(kubeclient, "CERT_RECHECK_S", 0.0)
+    first_cert, first_key = issue_client_cert(cluster.certs, tmp_path / "a", "first-identity")
+    cert, key = tmp_path / "tls.crt", tmp_path / "tls.key"
+    shutil.copy(first_cert, cert)
+    shutil.copy(first_key, key)
+    path = kubeconfig(tmp_path / "kc", cluster, {"client-certificate": "tls.crt",
+                                                 "client-key": "tls.key"})  # fmt: skip
+    client = KubeClient(load_kubeconfig(path))
+    assert whoami(client) == "first-identity"
+    new_cert, new_key = issue_client_cert(cluster.certs, tmp_path / "b", "rotated-identity")
+    # As a rotator does: write the new pair in place.
+    key.write_bytes(new_key.read_bytes())
+    cert.write_bytes(new_cert.read_bytes())
+    assert whoami(client) == "rotated-identity"
+
+
+def test_kubelet_plugin_context_flag_picks_the_context_and_names_unknown_ones(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """--context reaches the loader: an unknown one fails at start with the known names."""
+    path = kubeconfig(tmp_path / "kc", cluster, {"token": "t"})
+    done = subprocess.run(
+        [sys.executable, "-m", "dra_driver", "kubelet-plugin", "--node-name", "n",
+         "--emulate", "t4", "--host-root", str(tmp_path / "h"), "--cdi-dir", str(tmp_path / "cdi"),
+         "--kubelet-registry-dir", str(tmp_path / "r"),
+         "--kubelet-plugins-dir", str(tmp_path / "p"),
+         "--kubeconfig", f"{tmp_path / 'none'}:{path}", "--context", "other"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    assert "context 'other' not found (known: c)" in done.stderr
