@@ -34,6 +34,7 @@ from typing import Any
 
 from dra_driver.demo.chart import find_helm
 from dra_driver.demo.pluginimage import build as build_image
+from dra_driver.demo.pluginimage import image_cache
 from dra_driver.demo.realgpu import RealGpuNode, RealGpuNodePod
 from dra_driver.demo.stack import RESOURCE_API, install_driver_objects
 from dra_driver.devcluster import Cluster, find_binaries, wait_until
@@ -87,7 +88,7 @@ def main() -> int:
             helm=find_helm(ROOT), chart_dir=ROOT / "deploy" / "chart",
         )  # fmt: skip
         if args.mode == "pod":
-            archive, ref = build_image(ROOT, Path.home() / ".cache" / "dra-driver")
+            archive, ref = build_image(ROOT, image_cache())
             real.import_image(NodeImage(archive, ref))
             node = RealGpuNodePod(image=ref, **common)
         else:

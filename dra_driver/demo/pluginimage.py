@@ -16,19 +16,28 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import json
+import os
 import re
 import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from dra_driver.devcluster.ociimage import ImageConfig, LayerBuilder, write_archive
 
-ROOT_PACKAGES = ("python3.11-minimal", "libpython3.11-stdlib", "libstdc++6", "dash", "coreutils")
-"""Debian packages of the base (libstdc++ for grpcio); their dependencies are added
+ROOT_PACKAGES = (
+    "python3.11-minimal",
+    "libpython3.11-stdlib",
+    "libstdc++6",
+    "dash",
+    "coreutils",
+    "mount",
+)
+"""Debian packages of the base (libstdc++ for grpcio, ``mount`` for the MPS shared-memory
+tmpfs, as python:3.11-slim has them); their dependencies are added
 (:func:`package_closure`)."""
 EXCLUDED = frozenset(
     {"perl", "perl-base", "perl-modules-5.36", "libperl5.36", "mailcap", "mime-support",
@@ -150,7 +159,7 @@ def _install_python_packages(repo: Path, work: Path, rootfs: Path, python: str) 
          "building the dra-driver wheel")  # fmt: skip
     (wheel,) = wheels.glob("dra_driver-*.whl")
     target = str(rootfs / SITE_PACKAGES)
-    _run([python, "-m", "pip", "install", "-q", "--no-compile", "--target", target,
+    _run([python, "-m", "pip", "install", "-q", "--target", target,
           "--only-binary=:all:", "--python-version", "3.11", "--implementation", "cp",
           "--platform", "manylinux2014_x86_64", "--platform", "manylinux_2_17_x86_64",
           "--platform", "manylinux_2_28_x86_64", "--platform", "manylinux_2_34_x86_64",
@@ -168,6 +177,10 @@ def assemble_rootfs(repo: Path, work: Path, python: str = sys.executable) -> Pat
     shutil.rmtree(rootfs / "usr/share/doc", ignore_errors=True)
     shutil.rmtree(rootfs / "usr/share/man", ignore_errors=True)
     _install_python_packages(repo, work, rootfs, python)
+    # What Debian's postinst (py3compile) would do: bytecode for the standard
+    # library, so no container compiles it again at every start (same 3.11 magic).
+    _run([python, "-m", "compileall", "-q", "-j", "0", str(rootfs / "usr/lib/python3.11")],
+         "compiling the standard library")  # fmt: skip
     local_bin = rootfs / "usr/local/bin"
     local_bin.mkdir(parents=True, exist_ok=True)
     shutil.copy2(repo / "deploy/image/entrypoint.sh", local_bin / "dra-driver-entrypoint")
@@ -188,6 +201,12 @@ def assemble_rootfs(repo: Path, work: Path, python: str = sys.executable) -> Pat
     )
     (etc / "group").write_text(f"root:x:0:\ndra:x:{RUNTIME_UID}:\n")
     return rootfs
+
+
+def image_cache(env: Mapping[str, str] | None = None) -> Path:
+    """The cache the build scripts share (``$DRA_DRIVER_CACHE``, else ~/.cache/dra-driver)."""
+    env = os.environ if env is None else env
+    return Path(env.get("DRA_DRIVER_CACHE") or Path.home() / ".cache" / "dra-driver")
 
 
 def build(repo: Path, cache: Path, python: str = sys.executable) -> tuple[Path, str]:

@@ -21,11 +21,13 @@ from pathlib import Path
 from typing import Any
 
 from dra_driver.demo.chart import find_helm
-from dra_driver.demo.realgpu import RealGpuNode, keep_running
+from dra_driver.demo.pluginimage import build as build_image
+from dra_driver.demo.pluginimage import image_cache
+from dra_driver.demo.realgpu import RealGpuNode, RealGpuNodePod, keep_running
 from dra_driver.demo.stack import RESOURCE_API, install_driver_objects, load_examples
 from dra_driver.devcluster import Cluster, find_binaries, wait_until
 from dra_driver.devcluster.binaries import find_node_binaries
-from dra_driver.devcluster.node import RealNode, RealNodeOptions
+from dra_driver.devcluster.node import NodeImage, RealNode, RealNodeOptions
 from dra_driver.gpu.sharing import MPS_LONGEST_SOCKET
 
 Print = Callable[[str], None]
@@ -139,23 +141,31 @@ class _Walkthrough:
 
         self.step(3, "Starting two real nodes: a kubelet and a containerd each, in their own "
                      "network namespace and cgroup root;")  # fmt: skip
-        out("      on each, our kubelet plugin runs with the chart's arguments and environment "
-            "(helm template deploy/chart),")  # fmt: skip
-        out("      and the real kubelet's plugin watcher registers it.")
+        out("      on each, our kubelet plugin runs as the Helm chart's DaemonSet pod (helm "
+            "template deploy/chart), from an image")  # fmt: skip
+        out("      assembled here from the Dockerfile's contents; the real kubelet's plugin "
+            "watcher registers it.")  # fmt: skip
         node_binaries = find_node_binaries()
         helm = find_helm(self.o.repo)
+        archive, ref = build_image(self.o.repo, image_cache())
+        out(f"  plugin image {ref} ({archive.stat().st_size / 2**20:.0f} MiB OCI archive, "
+            "no registry)")  # fmt: skip
         for i, (name, profile) in enumerate(NODES):
             real = RealNode(cluster, node_binaries, self.work / f"n{i}",
                             RealNodeOptions(name=name))  # fmt: skip
             self.stack.callback(real.stop)
             real.start()
+            real.import_image(NodeImage(archive, ref))
             out(f"  node {name}: kubelet v1.37.1 + containerd 2.4.2 Ready in "
                 f"{real.ready_seconds:.1f} s")  # fmt: skip
-            node = RealGpuNode(cluster=cluster, node=real, profile=profile,
-                               workdir=real.paths.workdir / "gpu", helm=helm,
-                               chart_dir=self.o.repo / "deploy" / "chart")  # fmt: skip
+            node = RealGpuNodePod(image=ref, cluster=cluster, node=real, profile=profile,
+                                  workdir=real.paths.workdir / "gpu", helm=helm,
+                                  chart_dir=self.o.repo / "deploy" / "chart")  # fmt: skip
             self.stack.callback(node.stop)
             node.start()
+            (plugin_pod,) = node.plugin_pods()
+            out(f"  node {name}: DaemonSet pod {node.namespace}/{plugin_pod['metadata']['name']} "
+                "Ready (its /readyz probe passed)")  # fmt: skip
             self.nodes[name] = node
             self._describe_node(node)
 
@@ -206,7 +216,7 @@ class _Walkthrough:
         out("Next: README.md (how it works), deploy/chart (install on a real cluster), "
             "tests/e2e (these steps as tests).")  # fmt: skip
         out(f"Logs: {self.work}/n0, n1 (one per node): logs/ (kubelet, containerd), "
-            "gpu/plugin.log, pod-logs/ (containers).")  # fmt: skip
+            "pod-logs/ (every container, the plugin's too).")  # fmt: skip
         return 0
 
     # -- pieces -------------------------------------------------------------------
