@@ -10,8 +10,10 @@ import secrets
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from dra_driver.devcluster import Cluster, hostclean, wait_until
-from dra_driver.devcluster.binaries import NodeBinaries
+from dra_driver.devcluster.binaries import BinariesError, NodeBinaries
 from dra_driver.devcluster.node import RealNode
 from tests.conftest import start_real_node
 
@@ -107,3 +109,15 @@ def test_second_node_beside_the_first_and_teardown_leaves_nothing(
     real_node.check_running()
     second.remove_workdir()
     assert not second.paths.workdir.exists()
+
+
+def test_missing_node_components_fail_with_the_build_command(tmp_path: Path) -> None:
+    """The tier fails, never skips: an incomplete node dir names what is missing."""
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "kubelet").write_text("")
+    with pytest.raises(BinariesError) as err:
+        NodeBinaries.from_dir(tmp_path)
+    message = str(err.value)
+    assert "bin/containerd" in message and "images/pause.tar" in message
+    assert "bin/kubelet," not in message
+    assert "scripts/build-node.sh" in message
