@@ -156,6 +156,9 @@ class Cluster:
         )
         etcd_s = etcd.wait_healthy(lambda: self._etcd_healthy(etcd_url), deadline)
 
+        disabled_admission = ["TaintNodesByCondition"]
+        if "serviceaccount-controller" not in self.options.controllers:
+            disabled_admission.insert(0, "ServiceAccount")
         runtime_config = ",".join(
             f"{k}={v}" for k, v in sorted(self.options.runtime_config.items())
         )
@@ -179,7 +182,9 @@ class Cluster:
                 "--allow-privileged=true",
                 # TaintNodesByCondition: it would put not-ready taints on new
                 # Nodes that only the (absent) node-lifecycle controller removes.
-                "--disable-admission-plugins=TaintNodesByCondition",
+                # ServiceAccount (projected tokens in pods) only when its controller
+                # runs: without it no namespace gets a "default" account.
+                f"--disable-admission-plugins={','.join(disabled_admission)}",
                 # No lease reconciler: it refuses the loopback advertise address.
                 "--endpoint-reconciler-type=none",
                 "--profiling=false",
@@ -308,18 +313,25 @@ class Cluster:
     def apply(
         self, objs: Mapping[str, Any] | Sequence[Mapping[str, Any]]
     ) -> JsonObject | list[JsonObject]:
-        """Server-side apply plain-dict objects as admin, in order; returns the stored objects."""
-        if isinstance(objs, Mapping):
-            return self.rest.apply(objs, FIELD_MANAGER)
-        return [self.rest.apply(obj, FIELD_MANAGER) for obj in objs]
+        """Server-side apply plain-dict objects as admin, in order; returns the stored objects.
 
-    def create_namespace(self, name: str, timeout: float = 30.0) -> JsonObject:
-        """Create (or keep) a namespace, and wait for its ``default`` ServiceAccount:
-        ServiceAccount admission refuses pods until the controller made it."""
-        created = self.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
-        if "serviceaccount-controller" in self.options.controllers:
-            self.wait_default_service_account(name, timeout)
-        return created
+        After a Namespace, waits for its ``default`` ServiceAccount: ServiceAccount
+        admission refuses pods in it until the controller has made one.
+        """
+        if isinstance(objs, Mapping):
+            return self._apply_one(objs)
+        return [self._apply_one(obj) for obj in objs]
+
+    def _apply_one(self, obj: Mapping[str, Any]) -> JsonObject:
+        stored = self.rest.apply(obj, FIELD_MANAGER)
+        namespace = obj.get("kind") == "Namespace" and obj.get("apiVersion") == "v1"
+        if namespace and "serviceaccount-controller" in self.options.controllers:
+            self.wait_default_service_account(stored["metadata"]["name"])
+        return stored
+
+    def create_namespace(self, name: str) -> JsonObject:
+        """Create (or keep) a namespace whose pods can be admitted."""
+        return self.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
 
     def wait_default_service_account(self, namespace: str, timeout: float = 30.0) -> None:
         def exists() -> bool:
