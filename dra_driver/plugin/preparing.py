@@ -154,7 +154,9 @@ class ClaimService:
             return ClaimOutcome(error=f"internal error preparing claim {ref}: {exc!r}")
         elapsed = time.perf_counter() - started
         # duration_ms: claim GET + device preparation, what the kubelet waits for.
-        log.info("prepared %d device(s)", len(devices), extra={"duration_ms": round(elapsed * 1000, 1)})
+        log.info(
+            "prepared %d device(s)", len(devices), extra={"duration_ms": round(elapsed * 1000, 1)}
+        )
         outcome = ClaimOutcome(devices=tuple(_base_names(d) for d in devices))
         if self._events is not None:
             self._events.prepared(ref, obj, outcome.devices, elapsed)
