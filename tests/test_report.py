@@ -135,7 +135,9 @@ def report(*args: str) -> subprocess.CompletedProcess[str]:
 def test_report_from_a_plugins_metrics_table_json_and_record(tmp_path: Path, served) -> None:
     url = served({"/metrics": _emulated_metrics(tmp_path)}) + "/metrics"
     recorded = tmp_path / "window.jsonl"
-    done = report("--scrape", url, "--duration", "0.2", "--interval", "0.1",
+    # Two scrapes 1 s apart in a 2 s window: exactly 2 unless one scrape takes over
+    # a second (0.1 s apart in 0.2 s gave 1 whenever the machine was busy).
+    done = report("--scrape", url, "--duration", "2", "--interval", "1",
                   "--record", str(recorded), "-o", "json")  # fmt: skip
     assert done.returncode == 0, done.stderr
     claims = {c["claim"]: c for c in json.loads(done.stdout)["claims"]}
