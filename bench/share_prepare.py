@@ -10,9 +10,10 @@ would. Measures, on one GPU:
 - the first share's prepare (the GPU to EXCLUSIVE_PROCESS, dirs, tmpfs, its
   MPS daemon, limits) and unprepare (the last share: the GPU back to DEFAULT);
 - a later share's prepare/unprepare beside one prepared share;
-- shares prepared one after another, all kept: prepare latency against the
-  number already prepared, and where it first reaches twice the latency of the
-  first later shares (median of shares 2-6; sustained over the next 3);
+- with k shares kept prepared (1, 2, 4, ... 80), the median prepare of one more
+  share (``--probes`` tries on the way up and as many on the way down, each
+  unprepared again), the first k at which it is twice the median with one
+  share, and the plugin's own CPU time per probe (its tools' excluded);
 - the plugin process's RSS idle and with 48 shares prepared.
 
 Run (root, for the tmpfs mounts): ``.venv/bin/python -m bench.share_prepare [--rounds N]``.
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -47,6 +49,12 @@ def _rss_mb(pid: int) -> float:
         if line.startswith("VmRSS:"):
             return round(int(line.split()[1]) / 1024, 1)
     raise SystemExit(f"no VmRSS for {pid}")
+
+
+def _cpu_ms(pid: int) -> float:
+    """User + system CPU time of the process itself (not its children), ms."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) * 1000 / os.sysconf("SC_CLK_TCK")
 
 
 def _share(cluster: Any, ns: str, name: str, memory: str) -> str:
@@ -80,7 +88,8 @@ def _share(cluster: Any, ns: str, name: str, memory: str) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rounds", type=int, default=20)
-    parser.add_argument("--shares", type=int, default=64, help="shares kept for the scaling run")
+    parser.add_argument("--shares", type=int, default=80, help="most shares kept prepared")
+    parser.add_argument("--probes", type=int, default=7, help="probe prepares per level")
     args = parser.parse_args()
 
     import grpc
@@ -97,7 +106,7 @@ def main() -> int:
         ns = "share-bench"
         cluster.create_namespace(ns)
         n = max(args.shares, 48)
-        claims = [(f"s{i}", _share(cluster, ns, f"s{i}", "1Gi")) for i in range(n + 2)]
+        claims = [(f"s{i}", _share(cluster, ns, f"s{i}", "512Mi")) for i in range(n + 2)]
         plugins = work / "plugins"
         child = subprocess.Popen(
             [
@@ -157,34 +166,58 @@ def main() -> int:
             }
             call("unprepare", claims[0])
 
-            scaling = [call("prepare", c) for c in claims[:n]]
-            report["plugin_rss_with_shares_mb"] = {
-                "shares": n,
-                "rss": _rss_mb(child.pid),
-            }
-            base = statistics.median(scaling[1:6])
-            doubled = next(
-                (i + 1 for i in range(6, len(scaling) - 3) if min(scaling[i : i + 3]) >= 2 * base),
-                None,
-            )
+            # Scaling: with k shares kept prepared, prepare+unprepare a probe share
+            # --probes times, on the way up (k growing) and again on the way down, so
+            # drift in the machine's load hits every level alike. Wall time (tool
+            # processes included) and the plugin's own CPU time per probe.
+            levels = [k for k in (1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64, 80) if k <= n]
+            probe = claims[n]
+            wall: dict[int, list[float]] = {k: [] for k in levels}
+            cpu: dict[int, list[float]] = {k: [] for k in levels}
+
+            def probes(k: int) -> None:
+                for _ in range(args.probes):
+                    before = _cpu_ms(child.pid)
+                    wall[k].append(call("prepare", probe))
+                    call("unprepare", probe)
+                    cpu[k].append(_cpu_ms(child.pid) - before)
+
+            kept = 0
+            for k in levels:
+                while kept < k:
+                    call("prepare", claims[kept])
+                    kept += 1
+                if k == 48:
+                    report["plugin_rss_48_shares_mb"] = _rss_mb(child.pid)
+                probes(k)
+            report["plugin_rss_with_shares_mb"] = {"shares": kept, "rss": _rss_mb(child.pid)}
+            unprep = []
+            for k in reversed(levels):
+                while kept > k:
+                    kept -= 1
+                    unprep.append(call("unprepare", claims[kept]))
+                probes(k)
+            base = statistics.median(wall[1])
             report["scaling"] = {
-                "base_ms": round(base, 1),
-                "prepare_ms_by_count": {
-                    str(i + 1): round(ms, 1)
-                    for i, ms in enumerate(scaling)
-                    if i + 1 in (1, 2, 8, 16, 24, 32, 40, 48, 56, 64) or i + 1 == n
+                "probe_prepare_p50_ms_with_k_shares": {
+                    str(k): round(statistics.median(v), 1) for k, v in wall.items()
                 },
-                "shares_prepared_when_latency_doubled": doubled,
+                "ratio_to_one_share": {
+                    str(k): round(statistics.median(v) / base, 2) for k, v in wall.items()
+                },
+                "first_k_at_2x": next(
+                    (k for k, v in wall.items() if statistics.median(v) >= 2 * base), None
+                ),
+                "plugin_cpu_ms_per_probe_p50": {
+                    str(k): round(statistics.median(v), 1) for k, v in cpu.items()
+                },
             }
-            # RSS at exactly 48 shares: measured on the way back down.
-            for c in reversed(claims[48:n]):
-                call("unprepare", c)
-            report["plugin_rss_48_shares_mb"] = _rss_mb(child.pid)
-            unprep = [call("unprepare", c) for c in reversed(claims[:48])]
-            report["unprepare_48_shares"] = _summary(unprep)
+            report["unprepare_with_k_shares"] = _summary(unprep)
+            call("unprepare", claims[0])
         finally:
             child.terminate()
             child.wait(timeout=60)
+    report["load_average"] = [round(x, 2) for x in os.getloadavg()]
     print(json.dumps(report, indent=2))
     return 0
 

@@ -125,9 +125,13 @@ class ClaimKeeper:
         status: ClaimStatusWriter | None,
         interval_s: float,
         logger: logging.Logger,
+        settle_s: float = 0.25,
     ) -> None:
+        """``settle_s``: after a trigger, wait this long before writing, so status writes
+        batch up and never compete with the prepare calls that caused them."""
         self._book, self._prepared, self._status = book, prepared, status
         self._interval_s = interval_s
+        self._settle_s = settle_s
         self._log = logger
         self._stop = threading.Event()
         self._trigger = threading.Event()
@@ -162,5 +166,7 @@ class ClaimKeeper:
             except Exception:
                 self._log.exception("claim book refresh failed; retrying")
                 reload, due = True, 0.0
-            self._trigger.wait(max(0.0, due - time.monotonic()))
+            if self._trigger.wait(max(0.0, due - time.monotonic())):
+                # Let the kubelet's call (and a burst of them) finish before writing.
+                self._stop.wait(self._settle_s)
             self._trigger.clear()

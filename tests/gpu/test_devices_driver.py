@@ -165,3 +165,33 @@ def test_per_claim_usage_labels_the_sharing_strategy(make_node, tmp_path: Path) 
         assert targets == {"plain": "exclusive", "sliced": "time-slicing"}
         for c in claims:
             driver.unprepare(c.ref)
+
+
+def test_consumable_gpus_are_published_and_what_cannot_work_is_said_at_start(
+    make_node, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from dra_driver.gpu.shares import ConsumableGpus
+
+    node = make_node("l4-x4")  # driver 580: shares cannot be enforced
+    selection = ConsumableGpus(names=frozenset({"NVIDIA L4", "NVIDIA H100 80GB HBM3"}))
+    with node.nvml(), caplog.at_level(logging.INFO, logger=LOG.name):
+        tools = gputools.install(node.bin_dir, tmp_path / "tools.jsonl")
+        driver = GpuDriver(
+            driver_name="gpu.nvidia.com", discover=lambda: discover(node.host, LOG),
+            host=node.host, cdi_dir=tmp_path / "cdi", state_dir=tmp_path / "state",
+            tools=GpuTools(nvidia_smi=tools["nvidia-smi"],
+                           mps_control=tools["nvidia-cuda-mps-control"]),
+            logger=LOG, pool_name="node-a", health_policy=None, consumable=selection,
+        )  # fmt: skip
+        assert all(d.allow_multiple_allocations for d in driver.pool().devices)
+        assert driver.refresh() is False  # stays consumable across re-discoveries
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    warnings = [w for w in warnings if not w.startswith("MPS claims will fail")]  # tmp too deep
+    assert warnings == [
+        "--consumable-gpus names no GPU of this node: NVIDIA H100 80GB HBM3; this node has "
+        "NVIDIA L4",
+        "driver 580.95.05 cannot enforce fractional shares (r615+ runs one MPS server per "
+        "share on an EXCLUSIVE_PROCESS GPU): a fractional share fails to prepare unless its "
+        "config asks for advisory time-slicing (sharing.strategy: TimeSlicing); whole-GPU "
+        "claims are unaffected",
+    ]
