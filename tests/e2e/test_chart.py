@@ -114,13 +114,13 @@ def test_host_paths_are_mounted_at_the_same_path_and_probes_hit_the_health_port(
     assert "--kubelet-registry-dir=/data/kubelet/plugins_registry" in container["args"]
     assert "--kubelet-plugins-dir=/data/kubelet/plugins" in container["args"]
     env = {e["name"]: e for e in container["env"]}
-    assert env["HEALTH_PORT"]["value"] == "9123"
+    assert env["DRA_HEALTH_PORT"]["value"] == "9123"
     assert mounts["driver-root"] == "/driver-root"
     assert {m["name"]: m.get("readOnly", False) for m in container["volumeMounts"]}["driver-root"]
     assert container["ports"] == [{"name": "health", "containerPort": 9123, "protocol": "TCP"}]
     assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
     assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "health"}
-    assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    assert env["DRA_NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
     assert pod["serviceAccountName"] == "dra-driver-kubelet-plugin"
 
 
@@ -144,11 +144,11 @@ def test_rolling_update_switch(helm: Path) -> None:
     surge = daemonset(render(helm))
     assert surge["spec"]["updateStrategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
     env = {e["name"] for e in surge["spec"]["template"]["spec"]["containers"][0]["env"]}
-    assert "POD_UID" in env
+    assert "DRA_ROLLING_UPDATE_UID" in env
     plain = daemonset(render(helm, "--set", "rollingUpdate.enabled=false"))
     assert plain["spec"]["updateStrategy"]["rollingUpdate"] == {"maxUnavailable": 1}
     env = {e["name"] for e in plain["spec"]["template"]["spec"]["containers"][0]["env"]}
-    assert "POD_UID" not in env
+    assert "DRA_ROLLING_UPDATE_UID" not in env
 
 
 def test_optional_parts_can_be_left_out(helm: Path) -> None:

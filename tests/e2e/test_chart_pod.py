@@ -1,8 +1,8 @@
-"""The chart's DaemonSet container, run as-is: its args and env (NODE_NAME and
-POD_UID from the downward API, rolling-update sockets, HOST_DRIVER_ROOT,
-HEALTH_PORT) start a plugin that the kubelet's own code registers, that answers
-the chart's probes, and that prepares a pod's claim with CDI paths the node's
-runtime can open. No kubelet runs pods here, so the container's command runs as
+"""The chart's DaemonSet container, run as-is: its args and env (DRA_NODE_NAME and
+DRA_ROLLING_UPDATE_UID from the downward API, rolling-update sockets,
+DRA_HOST_DRIVER_ROOT, DRA_HEALTH_PORT) start a plugin that the kubelet's own code
+registers, that answers the chart's probes, and that prepares a pod's claim with
+CDI paths the node's runtime can open. No kubelet runs pods here, so the container's command runs as
 a local process with the ServiceAccount token the pod would get (bound to the
 node); only the driver root's mount point (/driver-root in the pod) is moved
 into the test's emulated tree."""
@@ -85,11 +85,11 @@ def test_chart_container_registers_and_prepares(
     env = {
         **os.environ,
         **container_env(container, name, pod_uid),
-        "KUBECONFIG": str(kubeconfig),
-        "HOST_ROOT": str(work / "host"),  # the emulated node's tree, to find its driver
+        "DRA_KUBECONFIG": str(kubeconfig),
+        "DRA_HOST_ROOT": str(work / "host"),  # the emulated node's tree, to find its driver
     }
-    assert env["HOST_DRIVER_ROOT"] == "/run/nvidia/driver"
-    assert env["HEALTH_PORT"] == str(port)
+    assert env["DRA_HOST_DRIVER_ROOT"] == "/run/nvidia/driver"
+    assert env["DRA_HEALTH_PORT"] == str(port)
     # The pod mounts the host's driver root at /driver-root; here it is the emulated one.
     assert "--driver-root=/driver-root" in container["args"]
     args = [
@@ -117,7 +117,7 @@ def test_chart_container_registers_and_prepares(
             except HarnessError:
                 assert time.monotonic() < deadline, (work / "plugin.log").read_text()[-3000:]
         (event,) = [e for e in harness.registrations() if e["kind"] == "register"]
-        # Rolling-update mode from POD_UID: the kubelet dials the UID-suffixed socket.
+        # Rolling-update mode from DRA_ROLLING_UPDATE_UID: the kubelet dials that socket.
         assert event["endpoint"] == f"{work}/kubelet/plugins/gpu.nvidia.com/dra-{pod_uid}.sock"
         assert (
             work / "kubelet" / "plugins_registry" / f"gpu.nvidia.com-{pod_uid}-reg.sock"
@@ -141,7 +141,7 @@ def test_chart_container_registers_and_prepares(
         assert spec_file.name == (
             f"k8s.gpu.nvidia.com-claim_{cdi_id.split('=')[1].rsplit('-gpu-', 1)[0]}.json"
         )
-        # Driver files are named where the node's runtime finds them (HOST_DRIVER_ROOT),
+        # Driver files are named where the node's runtime finds them (DRA_HOST_DRIVER_ROOT),
         # not where the plugin read them.
         spec = json.loads(spec_file.read_text())
         edits = [spec.get("containerEdits", {})] + [d["containerEdits"] for d in spec["devices"]]
