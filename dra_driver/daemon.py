@@ -265,6 +265,7 @@ def _gpu_driver(
         usage_interval_s=gpu.usage_interval_s,
         registry=registry if settings.metrics else None,
         mig_mode=gpu.mig_mode,
+        consumable=gpu.consumable,
     )
 
 

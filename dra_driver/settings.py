@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from dra_driver.gpu.devices import NumaAttributeForm
     from dra_driver.gpu.health import HealthPolicy
     from dra_driver.gpu.partitions import MigMode
+    from dra_driver.gpu.shares import ConsumableGpus
     from dra_driver.plugin.app import PluginSettings
 
 _LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
@@ -68,6 +69,8 @@ class GpuSettings:
     """None: no health monitoring (devices are healthy unless degraded)."""
     usage_interval_s: float
     """Seconds between per-claim usage samples (with metrics); 0: off."""
+    consumable: ConsumableGpus
+    """Full GPUs published for sharing by many claims (consumable capacity)."""
 
 
 @dataclass(frozen=True)
@@ -153,6 +156,7 @@ def daemon_settings(args: argparse.Namespace) -> DaemonSettings:
         numa_attribute_form=args.numa_attribute_form,
         health_policy=health_policy(args),
         usage_interval_s=_interval("usage-interval", args.usage_interval, 0.1, 3600, off=True),
+        consumable=args.consumable_gpus,
     )
     return DaemonSettings(
         host=host_settings(args),

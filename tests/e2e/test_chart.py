@@ -3,14 +3,12 @@ and deploy/deviceclasses, and acceptance by the real API server (dry run)."""
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from dra_driver.commands import kubelet_plugin
 from dra_driver.devcluster import ApiError, Cluster
 from dra_driver.gpu.shares import ConsumableGpus
 from tests.e2e.helm import (
@@ -131,12 +129,12 @@ def test_consumable_gpus_reach_the_plugin_through_its_env(
         (container,) = daemonset(render(helm, *args))["spec"]["template"]["spec"]["containers"]
         return {e["name"]: e.get("value", "") for e in container["env"]}
 
-    assert env()["CONSUMABLE_GPUS"] == "none"
-    value = env("--set-string", "consumableGpus=NVIDIA L4")["CONSUMABLE_GPUS"]
-    monkeypatch.setenv("CONSUMABLE_GPUS", value)
-    parser = argparse.ArgumentParser()
-    kubelet_plugin.add_arguments(parser)
-    args = parser.parse_args(["--node-name=n"])
+    from dra_driver.cli import _load_commands, build_parser
+
+    assert env()["DRA_CONSUMABLE_GPUS"] == "none"
+    value = env("--set-string", "consumableGpus=NVIDIA L4")["DRA_CONSUMABLE_GPUS"]
+    parser = build_parser(_load_commands(), environ={"DRA_CONSUMABLE_GPUS": value})
+    args = parser.parse_args(["kubelet-plugin", "--node-name=n"])
     assert args.consumable_gpus == ConsumableGpus(names=frozenset({"NVIDIA L4"}))
 
 
