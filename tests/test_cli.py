@@ -127,3 +127,105 @@ def test_dev_cluster_up_serves_until_sigterm(tmp_path: Path) -> None:
     assert by_msg["stopping control plane"]["signal"] == "SIGTERM"
     assert by_msg["control plane stopped"]["logs"] == str(workdir / "logs")
     assert _processes_mentioning(f"{workdir}/") == []
+
+
+def test_log_flags_are_accepted_after_the_subcommand_too() -> None:
+    result = _run(
+        "--log-format", "text", "discover", "--emulate", "t4", "-o", "json",
+        "--log-format", "json", "--log-level", "debug",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    records = [json.loads(line) for line in result.stderr.splitlines()]
+    assert records and all(r["time"].endswith("Z") for r in records)  # JSON: the later one won
+    quiet = _run("discover", "--emulate", "t4", "--log-level", "error")
+    assert quiet.returncode == 0 and quiet.stderr == ""
+
+
+def _actions(parser: Any) -> list[tuple[str, Any]]:
+    import argparse
+
+    out = []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                out += [(f"{name} {flag}", a) for flag, a in _actions(sub)]
+        elif any(o.startswith("--") for o in action.option_strings):
+            out.append((action.option_strings[-1], action))
+    return out
+
+
+def test_every_long_flag_has_one_env_variable_named_in_its_help() -> None:
+    from dra_driver.cli import _load_commands, build_parser
+    from dra_driver.envflags import env_name
+
+    parser = build_parser(_load_commands(), environ={})
+    checked = 0
+    for where, action in _actions(parser):
+        long = next(o for o in action.option_strings if o.startswith("--"))
+        if long in ("--help", "--version"):
+            continue
+        assert f"(env {env_name(long)})" in (action.help or ""), where
+        assert env_name(long).startswith("DRA_") and env_name(long).count("DRA_") == 1
+        checked += 1
+    assert checked > 40
+
+
+def test_env_variables_set_defaults_and_flags_win() -> None:
+    from dra_driver.cli import _load_commands, build_parser
+
+    environ = {
+        "DRA_NODE_NAME": "node-7",  # satisfies the required flag
+        "DRA_CDI_DIR": "/run/cdi-x",
+        "DRA_TAINT_DEGRADED": "true",
+        "DRA_HEALTH_PORT": "8080",
+        "DRA_LOG_LEVEL": "debug",
+        "DRA_ROLLING_UPDATE_UID": "",  # empty: unset, as a DaemonSet may render it
+    }
+    parser = build_parser(_load_commands(), environ=environ)
+    args = parser.parse_args(["kubelet-plugin"])
+    assert (args.node_name, str(args.cdi_dir), args.taint_degraded) == (
+        "node-7",
+        "/run/cdi-x",
+        True,
+    )
+    assert (args.health_port, args.log_level, args.rolling_update_uid) == (8080, "debug", None)
+    args = parser.parse_args(["kubelet-plugin", "--cdi-dir=/etc/cdi", "--health-port=-1"])
+    assert (str(args.cdi_dir), args.health_port) == ("/etc/cdi", -1)
+
+
+@pytest.mark.parametrize(
+    ("environ", "message"),
+    [
+        ({"DRA_TAINT_DEGRADED": "maybe"}, "DRA_TAINT_DEGRADED='maybe': expected one of 1, true"),
+        ({"DRA_HEALTH_PORT": "http"}, "DRA_HEALTH_PORT='http': 'http' is not a port"),
+        ({"DRA_LOG_FORMAT": "xml"}, "DRA_LOG_FORMAT='xml': invalid choice; allowed: text, json"),
+    ],
+)
+def test_a_bad_env_value_is_named(environ: dict[str, str], message: str) -> None:
+    env = {**os.environ, **environ}
+    result = _run("kubelet-plugin", "--node-name=n", "--help", env=env)
+    assert result.returncode == 2
+    assert message in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--driver-name=gpu_nvidia.com"], "--driver-name (DRA_DRIVER_NAME) is 'gpu_nvidia.com'"),
+        (["--health-interval=0"], "--health-interval (DRA_HEALTH_INTERVAL) is 0: allowed 1 to 300"),
+        (["--cleanup-interval=0"], "--cleanup-interval (DRA_CLEANUP_INTERVAL) is 0: allowed 10"),
+        (["--rediscover-interval=1"], "is 1: allowed 0 (off) or 5 to 86400 seconds"),
+        (["--cleanup-interval=nan"], "--cleanup-interval (DRA_CLEANUP_INTERVAL) is nan"),
+        (["--rolling-update-uid=../x"], "--rolling-update-uid (DRA_ROLLING_UPDATE_UID) is '../x'"),
+        (["--node-name=Node_1"], "--node-name (DRA_NODE_NAME) is 'Node_1'"),
+    ],
+)
+def test_invalid_settings_are_one_clear_line_and_exit_2(
+    flags: list[str], message: str, tmp_path: Path
+) -> None:
+    result = _run("kubelet-plugin", "--node-name=n", *flags, "--state-dir", str(tmp_path / "s"))
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith("dra-driver kubelet-plugin: ")
+    assert message in result.stderr
+    assert len(result.stderr.splitlines()) == 1 and "Traceback" not in result.stderr
+    assert not (tmp_path / "s").exists()  # nothing was started or written

@@ -12,13 +12,14 @@ import argparse
 import dataclasses
 import json
 import logging
-import os
 import sys
 import tempfile
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from dra_driver.settings import HostSettings, host_settings
 
 if TYPE_CHECKING:
     from dra_driver.gpu.emulation import EmulatedNode
@@ -32,55 +33,54 @@ logger = logging.getLogger(__name__)
 
 
 def add_host_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--emulate``, ``--host-root``, ``--driver-root`` (each with an env twin)."""
+    """``--emulate``, ``--host-root``, ``--driver-root``."""
     parser.add_argument(
         "--emulate",
         metavar="PROFILE",
-        default=os.environ.get("DRA_EMULATE") or None,
+        default=None,
         help="emulate a GPU node: built-in profile (dgx-a100, dgx-a100-mig, dgx-a100-mig-on, "
         "dgx-h100, h100-l4-mixed, h200, l4-x4, t4, a100-pcie-nvlink, hgx-h100-fabric) or a "
-        "profile YAML file; no GPU or driver needed (env DRA_EMULATE)",
+        "profile YAML file; no GPU or driver needed",
     )
     parser.add_argument(
         "--host-root",
         type=Path,
-        default=Path(os.environ.get("HOST_ROOT", "/")),
-        help="where the host's /sys, /proc and /dev are (env HOST_ROOT; default /). With "
-        "--emulate: the emulated node's files are written here (default: a temp dir)",
+        default=Path("/"),
+        help="where the host's /sys, /proc and /dev are (default /). With --emulate: the "
+        "emulated node's files are written here (default: a temp dir)",
     )
     parser.add_argument(
         "--driver-root",
         type=Path,
-        default=Path(os.environ["NVIDIA_DRIVER_ROOT"])
-        if os.environ.get("NVIDIA_DRIVER_ROOT")
-        else None,
+        default=None,
         help="root of the NVIDIA driver installation, e.g. /run/nvidia/driver with the GPU "
-        "operator (env NVIDIA_DRIVER_ROOT; default: the first of /, /run/nvidia/driver, "
-        "/usr/local/nvidia, /home/kubernetes/bin/nvidia that holds libnvidia-ml.so.<version> "
-        "as a file; the emulated one with --emulate)",
+        "operator (default: the first of /, /run/nvidia/driver, /usr/local/nvidia, "
+        "/home/kubernetes/bin/nvidia that holds libnvidia-ml.so.<version> as a file; the "
+        "emulated one with --emulate)",
     )
 
 
 @contextmanager
-def gpu_host(args: argparse.Namespace) -> Iterator[tuple[HostPaths, EmulatedNode | None]]:
+def gpu_host(settings: HostSettings) -> Iterator[tuple[HostPaths, EmulatedNode | None]]:
     """Host paths with NVML usable: real, or an emulated node installed into pynvml."""
     from dra_driver.gpu.hostpaths import HostPaths, find_driver_root
 
     with ExitStack() as stack:
-        if args.emulate is None:
-            driver_root = args.driver_root or find_driver_root(HostPaths(root=args.host_root))
-            yield HostPaths(root=args.host_root, driver_root=driver_root or args.host_root), None
+        if settings.emulate is None:
+            root = settings.host_root
+            driver_root = settings.driver_root or find_driver_root(HostPaths(root=root))
+            yield HostPaths(root=root, driver_root=driver_root or root), None
             return
         from dra_driver.gpu.emulation import EmulatedNode
 
-        root = args.host_root
+        root = settings.host_root
         if root == Path("/"):  # never write an emulated tree over the real host
             root = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="dra-emulated-")))
-        node = EmulatedNode.create(args.emulate, root)
+        node = EmulatedNode.create(settings.emulate, root)
         stack.enter_context(node.nvml())
         host = node.host
-        if args.driver_root is not None:
-            host = HostPaths(root=host.root, driver_root=args.driver_root)
+        if settings.driver_root is not None:
+            host = HostPaths(root=host.root, driver_root=settings.driver_root)
         yield host, node
 
 
@@ -159,13 +159,12 @@ def render_table(inventory: Inventory) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from dra_driver.gpu.discovery import DiscoveryError, discover
-    from dra_driver.gpu.emulation import ProfileError
+    from dra_driver.gpu.discovery import discover
 
     try:
-        with gpu_host(args) as (host, _node):
+        with gpu_host(host_settings(args)) as (host, _node):
             inventory = discover(host, logger)
-    except (DiscoveryError, ProfileError, FileExistsError) as exc:
+    except FileExistsError as exc:
         print(f"dra-driver discover: {exc}", file=sys.stderr)
         return 1
     if args.output == "json":

@@ -1,5 +1,5 @@
-"""Flags of the kubelet plugin for health, metrics, usage and claim status (each with an
-environment twin), and what they turn into: the health policy and the metrics registry.
+"""Flags of the kubelet plugin for health, metrics, usage and claim status (each with its
+``DRA_*`` variable, :mod:`dra_driver.envflags`), and what they turn into: the health policy.
 
 Kept apart from the command's other flags so the daemon's composition root stays short.
 """
@@ -7,7 +7,6 @@ Kept apart from the command's other flags so the daemon's composition root stays
 from __future__ import annotations
 
 import argparse
-import os
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -54,58 +53,53 @@ def _xids(text: str) -> frozenset[int]:
     return values
 
 
-def _env(name: str, default: str) -> str:
-    return os.environ.get(name) or default
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("health, metrics and claim status")
     group.add_argument(
-        "--health-monitor", type=_bool, default=_env("HEALTH_MONITOR", "true"),
+        "--health-monitor", type=_bool, default="true",
         help="watch GPUs through NVML events and checks and taint faulty devices "
-        "(env HEALTH_MONITOR; default %(default)s)",
+        "(default %(default)s)",
     )  # fmt: skip
     group.add_argument(
-        "--ignored-xids", type=_xids, default=_env("IGNORED_XIDS", _DEFAULT_IGNORED),
+        "--ignored-xids", type=_xids, default=_DEFAULT_IGNORED,
         help="Xids that are application errors, logged but never tainted "
-        "(env IGNORED_XIDS; default %(default)s)",
+        "(default %(default)s)",
     )  # fmt: skip
     group.add_argument(
-        "--healthy-period", type=_seconds, default=_env("HEALTHY_PERIOD", "60"),
+        "--healthy-period", type=_seconds, default="60",
         help="seconds a GPU must answer every check, with no NVML recovery action pending, "
-        "before its taints clear (env HEALTHY_PERIOD; default %(default)s)",
+        "before its taints clear (default %(default)s)",
     )  # fmt: skip
     group.add_argument(
-        "--health-check-interval", type=_positive, default=_env("HEALTH_CHECK_INTERVAL", "5"),
+        "--health-check-interval", type=_positive, default="5",
         help="seconds between checks of what NVML events cannot report: GPU off the bus, "
-        "recovery action, ECC counters (env HEALTH_CHECK_INTERVAL; default %(default)s)",
+        "recovery action, ECC counters (default %(default)s)",
     )  # fmt: skip
     group.add_argument(
         "--fatal-taint-effect", choices=("NoSchedule", "NoExecute"),
-        default=_env("FATAL_TAINT_EFFECT", "NoSchedule"),
+        default="NoSchedule",
         help="taint effect of fatal faults (Xid 48/79/95/..., double-bit ECC, lost GPU, reset "
-        "pending); NoExecute also evicts running pods (env FATAL_TAINT_EFFECT; default "
-        "%(default)s)",
+        "pending); NoExecute also evicts running pods (default %(default)s)",
     )  # fmt: skip
     group.add_argument(
         "--numa-attribute-form", choices=("scalar", "list"),
-        default=_env("NUMA_ATTRIBUTE_FORM", "scalar"),
+        default="scalar",
         help="form of resource.kubernetes.io/numaNode: scalar (int) or list (ints; needs the "
-        "DRAListTypeAttributes gate) (env NUMA_ATTRIBUTE_FORM; default %(default)s)",
+        "DRAListTypeAttributes gate) (default %(default)s)",
     )  # fmt: skip
     group.add_argument(
-        "--metrics", type=_bool, default=_env("METRICS", "true"),
-        help="serve Prometheus /metrics on the health port (env METRICS; default %(default)s)",
+        "--metrics", type=_bool, default="true",
+        help="serve Prometheus /metrics on the health port (default %(default)s)",
     )  # fmt: skip
     group.add_argument(
-        "--usage-interval", type=_seconds, default=_env("USAGE_INTERVAL", "10"),
+        "--usage-interval", type=_seconds, default="10",
         help="seconds between per-claim GPU usage samples for /metrics; 0 = off "
-        "(env USAGE_INTERVAL; default %(default)s)",
+        "(default %(default)s)",
     )  # fmt: skip
     group.add_argument(
-        "--claim-status", type=_bool, default=_env("CLAIM_STATUS", "true"),
+        "--claim-status", type=_bool, default="true",
         help="write our devices into ResourceClaim status.devices (KEP-4817) "
-        "(env CLAIM_STATUS; default %(default)s)",
+        "(default %(default)s)",
     )  # fmt: skip
 
 

@@ -12,11 +12,11 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import sys
 from typing import TYPE_CHECKING, Any
 
 from dra_driver.commands.discover import add_host_arguments, gpu_host
+from dra_driver.settings import host_settings
 
 if TYPE_CHECKING:
     from dra_driver.gpu.devices import NumaAttributeForm
@@ -32,15 +32,10 @@ logger = logging.getLogger(__name__)
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--node-name",
-        default=os.environ.get("NODE_NAME") or None,
-        required=not os.environ.get("NODE_NAME"),
-        help="node the slices belong to; also the pool name (env NODE_NAME)",
+        "--node-name", required=True, help="node the slices belong to; also the pool name"
     )
     parser.add_argument(
-        "--driver-name",
-        default=os.environ.get("DRIVER_NAME", "gpu.nvidia.com"),
-        help="DRA driver name (env DRIVER_NAME; default %(default)s)",
+        "--driver-name", default="gpu.nvidia.com", help="DRA driver name (default %(default)s)"
     )
     parser.add_argument(
         "--node-uid", default=None, help="the Node's UID for ownerReferences (omitted if unset)"
@@ -56,24 +51,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--numa-attribute-form",
         choices=("scalar", "list"),
-        default=os.environ.get("NUMA_ATTRIBUTE_FORM") or "scalar",
+        default="scalar",
         help="form of resource.kubernetes.io/numaNode: scalar (int) or list (ints; needs the "
-        "DRAListTypeAttributes gate) (env NUMA_ATTRIBUTE_FORM; default %(default)s)",
+        "DRAListTypeAttributes gate) (default %(default)s)",
     )
     parser.add_argument(
         "--mig-mode",
         choices=("static", "dynamic"),
-        default=os.environ.get("MIG_MODE") or "static",
+        default="static",
         help="static: MIG-mode GPUs publish the instances that exist; dynamic: every profile "
-        "and placement through shared counters, created at prepare (env MIG_MODE; default "
-        "%(default)s)",
+        "and placement through shared counters, created at prepare (default %(default)s)",
     )
     parser.add_argument(
         "--consumable-gpus",
         type=consumable_gpus,
-        default=os.environ.get("CONSUMABLE_GPUS") or "none",
+        default="none",
         help="GPUs published for sharing: none, all, or product names and GPU UUIDs "
-        "separated by commas (env CONSUMABLE_GPUS; default none)",
+        "separated by commas (default none)",
     )
     add_host_arguments(parser)
     parser.add_argument(
@@ -138,12 +132,11 @@ def resource_slices(
 
 
 def run(args: argparse.Namespace) -> int:
-    from dra_driver.gpu.discovery import DiscoveryError, discover
-    from dra_driver.gpu.emulation import ProfileError
+    from dra_driver.gpu.discovery import discover
     from dra_driver.plugin.slices import SliceValidationError
 
     try:
-        with gpu_host(args) as (host, _node):
+        with gpu_host(host_settings(args)) as (host, _node):
             inventory = discover(host, logger)
         objects = resource_slices(
             inventory,
@@ -156,7 +149,7 @@ def run(args: argparse.Namespace) -> int:
             mig_mode=args.mig_mode,
             consumable=args.consumable_gpus,
         )
-    except (DiscoveryError, ProfileError, SliceValidationError, FileExistsError) as exc:
+    except (SliceValidationError, FileExistsError) as exc:
         print(f"dra-driver slices: {exc}", file=sys.stderr)
         return 1
     if args.output == "json":

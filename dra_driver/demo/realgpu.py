@@ -142,10 +142,10 @@ class RealGpuNode:
         fields = {"spec.nodeName": self.name, "metadata.uid": pod_uid}
         assert self.kubeconfig is not None
         return {
-            **{k: v for k, v in os.environ.items() if k not in ("NODE_NAME", "POD_UID")},
+            **{k: v for k, v in os.environ.items() if not k.startswith("DRA_")},
             **chart.resolve_env(self._container, fields),
-            "KUBECONFIG": str(self.kubeconfig),
-            "HOST_ROOT": str(self.host_root),  # the emulated node's /dev, /sys, driver
+            "DRA_KUBECONFIG": str(self.kubeconfig),
+            "DRA_HOST_ROOT": str(self.host_root),  # the emulated node's /dev, /sys, driver
         }
 
     def start_plugin(self, pod_uid: str | None = None, log: Path | None = None) -> int:

@@ -194,7 +194,11 @@ class GpuNode:
         """Start our plugin process; returns its PID."""
         if self.plugin_running():
             raise RuntimeError(f"plugin on {self.name} already running")
-        env = {k: v for k, v in os.environ.items() if k not in ("NODE_NAME", "POD_UID")}
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if k not in ("DRA_NODE_NAME", "DRA_ROLLING_UPDATE_UID")
+        }
         with self.plugin_log.open("ab") as log:
             self._plugin = subprocess.Popen(
                 self.plugin_argv(),

@@ -17,10 +17,13 @@ Format (``<state_dir>/checkpoint.json``, version 2)::
                               "Releasing", "record": {...}}}}
 
 States, each written before the step it announces: ``Preparing`` (devices and
-every unit recorded, nothing applied yet, or some of it), ``Prepared`` (CDI
-spec written; the only state a prepare returns as done), ``Unpreparing``
-(teardown started, or a rollback that did not finish: never reported as
-prepared; its devices stay reserved until the teardown completes).
+every unit recorded, nothing applied yet, or some of it), ``Prepared`` (every
+unit applied; the CDI spec is written right after, and a claim counts as
+prepared only while its spec exists, so ``Prepared`` without a spec is an
+interrupted prepare), ``Unpreparing`` (teardown started, or a rollback that did
+not finish: never reported as prepared; its devices stay reserved until the
+teardown completes). A claim without units has nothing to undo but its spec:
+it is recorded ``Prepared`` at once and dropped after its spec is removed.
 
 Compatibility: unknown fields at any level are kept and written back, so a
 newer plugin's additions survive a rewrite by this one. Version 1 files (plugin

@@ -27,6 +27,7 @@ partitions' own (``owned``), never others' instances to work around.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 from collections.abc import Callable, Sequence
@@ -34,6 +35,7 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
+from dra_driver.errors import DriverError
 from dra_driver.gpu.devices import NumaAttributeForm, build_pool
 from dra_driver.gpu.devicestatus import device_status
 from dra_driver.gpu.discovery import DiscoveryError
@@ -64,9 +66,11 @@ from dra_driver.plugin.backend import DeviceHealth, PreparedDevice
 from dra_driver.plugin.claimbook import PreparedClaim
 from dra_driver.plugin.claims import Claim, ClaimRef
 from dra_driver.plugin.claimstatus import DeviceStatus
-from dra_driver.plugin.resources import Pool
+from dra_driver.plugin.resources import DeviceTaint, Pool
 
 _MESSAGE_LIMIT = 1024  # the kubelet truncates longer health messages
+CLAIM_STATE_TAINT = "claim-state"
+"""Taint key (under the driver name) on every device while the checkpoint is unreadable."""
 DEFAULT_HEALTH_POLICY = HealthPolicy()
 
 
@@ -152,6 +156,7 @@ class GpuDriver:
             else None
         )
         self._owned: frozenset[OwnedInstance] = frozenset()
+        self._state_problem = ""
         self._inventory = discover()
         if self._consumable:
             _say_consumable(self._consumable, self._inventory, logger)
@@ -165,8 +170,13 @@ class GpuDriver:
             tools=tools,
             runtime_host=runtime_host,
             mig_instances=self._mig,
+            on_state_problem=self._state_changed,
         )
-        self._preparer.recover()
+        self._pool = self._build(self._inventory, self._health)
+        try:
+            self._preparer.recover()
+        except DriverError as exc:  # serve anyway: not ready, devices tainted (problems())
+            logger.error("claim state cannot be read; claims will fail until fixed: %s", exc)
         if self._mig is not None:  # recover() may have destroyed leftover instances
             self._inventory = self._discover_owned()
         self._pool = self._build(self._inventory, self._health)
@@ -182,7 +192,12 @@ class GpuDriver:
         return inventory
 
     def _recorded_instances(self) -> set[OwnedInstance]:
-        return owned_by(self._preparer.recorded_units()) if self._mig is not None else set()
+        if self._mig is None:
+            return set()
+        try:
+            return owned_by(self._preparer.recorded_units())
+        except DriverError:  # unreadable checkpoint: not ready and tainted (problems())
+            return set()
 
     def _build(self, inventory: Inventory, health: HealthSnapshot) -> Pool:
         policy = self._monitor.policy if self._monitor is not None else HealthPolicy()
@@ -199,14 +214,46 @@ class GpuDriver:
             mig_mode=self._mig_mode,
             owned=self._owned,
         )
-        return consumable_pool(pool, inventory, self._consumable)
+        pool = consumable_pool(pool, inventory, self._consumable)
+        if not self._state_problem:
+            return pool
+        # Claims cannot be prepared here until the checkpoint is fixed: keep the
+        # scheduler from sending more (README, "Claim state and recovery").
+        stop = DeviceTaint(key=f"{self._driver_name}/{CLAIM_STATE_TAINT}",
+                           value="checkpoint-unreadable", effect="NoSchedule")  # fmt: skip
+        devices = tuple(dataclasses.replace(d, taints=(*d.taints, stop)) for d in pool.devices)
+        return dataclasses.replace(pool, devices=devices)
 
     def inventory(self) -> Inventory:
         with self._lock:
             return self._inventory
 
+    def _state_changed(self) -> None:
+        """The checkpoint became unreadable, or readable again: taint or untaint every
+        device, and republish at once."""
+        problem = self._preparer.state_problem()
+        with self._lock:
+            if problem == self._state_problem:
+                return
+            self._state_problem = problem
+            self._pool = self._build(self._inventory, self._health)
+        if problem:
+            self._log.error("claim state unreadable, all devices tainted: %s", problem)
+        else:
+            self._log.info("claim state readable again; devices untainted")
+        if self._notify is not None:
+            self._notify()
+
+    def problems(self) -> list[str]:
+        """StatusReporter: the plugin is not ready while the claim state is unreadable."""
+        problem = self._preparer.state_problem()
+        return [f"claim state: {problem}"] if problem else []
+
     def refresh(self) -> bool:
-        """Discover again; True when the published pool changed (caller republishes)."""
+        """Discover again (and re-read the claim state if it was unreadable); True when the
+        published pool changed (caller republishes)."""
+        if self._state_problem:
+            self._preparer.check_state()  # taints go with the next pool once it is fixed
         try:
             inventory = self._discover_owned()
         except DiscoveryError as exc:
@@ -323,6 +370,8 @@ class GpuDriver:
             notes = [f.message for f in faults.get(d.name, [])]
             if any(t.key.endswith("/degraded") for t in d.taints):
                 notes.insert(0, "GPU degraded: an NVML query failed")
+            if any(t.key.endswith(f"/{CLAIM_STATE_TAINT}") for t in d.taints):
+                notes.insert(0, "claims cannot be prepared on this node: checkpoint unreadable")
             message = "; ".join(notes)
             if len(message) > _MESSAGE_LIMIT:
                 message = message[: _MESSAGE_LIMIT - 3] + "..."

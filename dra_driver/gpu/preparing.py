@@ -48,6 +48,7 @@ from dra_driver.gpu.checkpoint import (
     RELEASING,
     UNPREPARING,
     ClaimEntry,
+    DeviceRecord,
     SharedEntry,
 )
 from dra_driver.gpu.claimspec import ClaimSpecs
@@ -115,15 +116,19 @@ class ClaimPreparer:
         mig_instances: MigInstances | None = None,
         gpu_lock_timeout_s: float = 30.0,
         on_step: Callable[[str], None] | None = None,
+        on_state_problem: Callable[[], None] | None = None,
     ) -> None:
         """``strategies`` defaults to the built-in ones (:func:`strategies.builtin`), with
-        dynamic MIG when ``mig_instances`` is given."""
+        dynamic MIG when ``mig_instances`` is given. ``on_state_problem`` is called when
+        :meth:`state_problem` changes."""
         self.kind = cdi.claim_kind(driver_name)
         cdi.validate_kind(self.kind)
         self._inventory = inventory
         self._cdi_dir = cdi_dir
         self._log = logger
-        self._store = CheckpointStore(state_dir=state_dir, proc_dir=host.proc(), logger=logger)
+        self._store = CheckpointStore(
+            state_dir=state_dir, proc_dir=host.proc(), logger=logger, on_problem=on_state_problem
+        )
         self._locks = NodeLocks(state_dir / "locks")
         self._gpu_lock_timeout_s = gpu_lock_timeout_s
         commands = GpuCommands(tools=tools, logger=logger)
@@ -155,6 +160,8 @@ class ClaimPreparer:
             spec = cdi.transient_spec_path(self._cdi_dir, self.kind, claim.uid)
             locks = set(plan.locks)
             while True:
+                # Without GPU locks: a repeated prepare (every pod sharing the claim) never
+                # waits for another claim's work on the same GPU.
                 with self._store.transaction() as loaded:
                     self._handle_reboot(loaded)
                     entry = loaded.checkpoint.claims.get(claim.uid)
@@ -162,31 +169,16 @@ class ClaimPreparer:
                         assert entry is not None
                         log.debug("claim already prepared")
                         return _result(entry)
-                    wanted = locks | _locks_of(entry)
-                if not wanted <= locks:
-                    locks = wanted
-                    continue
-                with self._hold(locks):
-                    with self._store.transaction() as loaded:
-                        entry = loaded.checkpoint.claims.get(claim.uid)
-                        if self._is_prepared(entry, records, spec):
-                            assert entry is not None
-                            return _result(entry)
-                    if not _locks_of(entry) <= locks:
-                        locks |= _locks_of(entry)
-                        continue
-                    if entry is not None:
-                        log.warning(
-                            "tearing down what an earlier preparation left first",
-                            extra={"state": entry.state},
-                        )
-                        self._teardown(claim.uid, log, f"prepare claim {claim.ref}")
-                    return self._prepare_locked(plan, log)
+                    locks |= _locks_of(entry)
+                try:
+                    with self._hold(locks):
+                        return self._prepare_locked(plan, records, spec, locks, log)
+                except _MoreLocks as more:
+                    locks |= more.locks
 
     def unprepare(self, ref: ClaimRef) -> None:
         log = claim_logger(self._log, ref.uid, ref.namespace, ref.name)
         with self._errors(f"unprepare claim {ref}"):
-            locks: set[str] = set()
             while True:
                 with self._store.transaction() as loaded:
                     self._handle_reboot(loaded)
@@ -194,21 +186,14 @@ class ClaimPreparer:
                     if entry is None:
                         self._forget(ref.uid)  # under the lock: no prepare records it meanwhile
                         return
-                    wanted = _locks_of(entry)
-                if not wanted <= locks:
-                    locks |= wanted
-                    continue
-                with self._hold(locks):
-                    with self._store.transaction() as loaded:
-                        entry = loaded.checkpoint.claims.get(ref.uid)
-                    if entry is None:
-                        return
-                    if not _locks_of(entry) <= locks:
-                        locks |= _locks_of(entry)
-                        continue
-                    self._teardown(ref.uid, log, f"unprepare claim {ref}")
-                    log.info("claim unprepared")
-                    return
+                    locks = _locks_of(entry)
+                try:
+                    with self._hold(locks):
+                        self._teardown(ref.uid, log, f"unprepare claim {ref}", locks)
+                except _MoreLocks:
+                    continue  # the entry changed while we waited: look again
+                log.info("claim unprepared")
+                return
 
     def prepared_claims(self) -> list[ClaimRef]:
         """Every claim with state on this node, prepared or not completely undone."""
@@ -234,24 +219,45 @@ class ClaimPreparer:
             self._handle_reboot(loaded)
             return [u for e in loaded.checkpoint.claims.values() for u in e.units]
 
+    def state_problem(self) -> str:
+        """Why claims cannot be prepared or unprepared now ("" when they can), e.g. a
+        corrupt checkpoint; as of the last access to it."""
+        return self._store.problem
+
+    def check_state(self) -> str:
+        """Read the checkpoint now and return :meth:`state_problem`."""
+        try:
+            with self._store.transaction():
+                pass
+        except DriverError:
+            pass
+        return self._store.problem
+
     def recover(self) -> None:
-        """At start: finish interrupted teardowns, roll back interrupted prepares, release
-        shared resources without users. Failures are logged; the claim's next call retries."""
+        """At start: finish interrupted teardowns, roll back interrupted prepares (a claim
+        whose CDI spec is missing is not prepared), release shared resources without
+        users. Failures are logged; the claim's next call retries."""
+        self._store.remove_temp_files()
         with self._store.transaction() as loaded:
             self._handle_reboot(loaded)
             cp = loaded.checkpoint
-            pending = [(uid, e) for uid, e in cp.claims.items() if e.state != PREPARED]
+            pending = [
+                (uid, _locks_of(e))
+                for uid, e in cp.claims.items()
+                if e.state != PREPARED or not self._spec_path(uid).exists()
+            ]
             orphans = [k for k in cp.shared if not cp.users_of(k)]
-        for uid, entry in pending:
-            log = claim_logger(self._log, uid, entry.namespace, entry.name)
+        for uid, locks in pending:
+            log = claim_logger(self._log, uid)
             try:
-                with self._hold(_locks_of(entry)):
+                with self._hold(locks):
                     with self._store.transaction() as loaded:
-                        current = loaded.checkpoint.claims.get(uid)
-                    if current is not None and current.state != PREPARED:
-                        log.warning("finishing an interrupted %s", current.state.lower())
-                        self._teardown(uid, log, "clean up at start")
-            except DriverError as exc:
+                        entry = loaded.checkpoint.claims.get(uid)
+                    if entry is None or (entry.state == PREPARED and self._spec_path(uid).exists()):
+                        continue  # finished by someone else meanwhile
+                    log.warning("finishing an interrupted %s", entry.state.lower())
+                    self._teardown(uid, log, "clean up at start", locks)
+            except (DriverError, _MoreLocks) as exc:
                 log.error("could not clean up the claim at start: %s", exc)
         for key in orphans:
             try:
@@ -262,42 +268,71 @@ class ClaimPreparer:
 
     # -- prepare ------------------------------------------------------------------------
 
-    def _prepare_locked(self, plan: ClaimPlan, log: ContextLogger) -> list[PreparedDevice]:
+    def _prepare_locked(
+        self,
+        plan: ClaimPlan,
+        records: list[DeviceRecord],
+        spec: Path,
+        locks: set[str],
+        log: ContextLogger,
+    ) -> list[PreparedDevice]:
+        """Under the GPU locks. Units are recorded (``Preparing``) before any is applied;
+        a claim without units has nothing to undo but its spec, so it is recorded
+        ``Prepared`` at once. The spec is written last: ``Prepared`` without a spec is an
+        interrupted prepare, never a prepared claim."""
         claim = plan.claim
         entry = ClaimEntry(
-            state=PREPARING,
+            state=PREPARING if plan.units else PREPARED,
             namespace=claim.ref.namespace,
             name=claim.ref.name,
-            devices=plan.device_records(self.kind),
+            devices=records,
             units=list(plan.units),
         )
         with self._store.transaction() as loaded:
-            check_conflicts(loaded.checkpoint, claim.uid, entry)
-            loaded.checkpoint.claims[claim.uid] = entry
-            self._store.save(loaded.checkpoint)
-        self._on_step("checkpoint-preparing")
+            cp = loaded.checkpoint
+            old = cp.claims.get(claim.uid)
+            if self._is_prepared(old, records, spec):
+                assert old is not None
+                return _result(old)  # prepared by someone else while we waited
+            if not _locks_of(old) <= locks:
+                raise _MoreLocks(_locks_of(old))
+            if old is None:
+                check_conflicts(cp, claim.uid, entry)
+                cp.claims[claim.uid] = entry
+                self._store.save(cp)
+        if old is not None:
+            log.warning(
+                "tearing down what an earlier preparation left first", extra={"state": old.state}
+            )
+            self._teardown(claim.uid, log, f"prepare claim {claim.ref}", locks)
+            with self._store.transaction() as loaded:
+                check_conflicts(loaded.checkpoint, claim.uid, entry)
+                loaded.checkpoint.claims[claim.uid] = entry
+                self._store.save(loaded.checkpoint)
+        self._on_step(f"checkpoint-{entry.state.lower()}")
         try:
             units = list(plan.units)  # record() updates land here too
-            for i, unit in enumerate(plan.units):
-                strategy = self._strategy(unit.strategy)
-                for key in unit.shared:
-                    self._acquire_shared(key, strategy)
-                strategy.apply(unit, _Steps(self, claim.uid, units, i))
-            spec = self._specs.build(
+            if units:
+                for i, unit in enumerate(plan.units):
+                    strategy = self._strategy(unit.strategy)
+                    for key in unit.shared:
+                        self._acquire_shared(key, strategy)
+                    strategy.apply(unit, _Steps(self, claim.uid, units, i))
+                with self._store.transaction() as loaded:
+                    loaded.checkpoint.claims[claim.uid].state = PREPARED
+                    self._store.save(loaded.checkpoint)
+                self._on_step("checkpoint-prepared")
+            content = self._specs.build(
                 claim.uid, plan.targets, units, self._inventory(), self._strategy
             )
-            cdi.write_spec(self._cdi_dir, claim.uid, spec)
+            cdi.write_spec(self._cdi_dir, claim.uid, content)
             self._on_step("cdi-spec")
-            with self._store.transaction() as loaded:
-                loaded.checkpoint.claims[claim.uid].state = PREPARED
-                self._store.save(loaded.checkpoint)
-            self._on_step("checkpoint-prepared")
         except Exception as exc:
             reason = _describe(exc)
             log.error("prepare failed, rolling back: %s", reason)
             try:
-                self._teardown(claim.uid, log, "rollback")
-            except PrepareError as incomplete:
+                self._teardown(claim.uid, log, "rollback", locks)
+            except (PrepareError, _MoreLocks) as incomplete:
                 raise PrepareError(f"prepare claim {claim.ref}: {reason}; {incomplete}") from exc
             raise PrepareError(
                 f"prepare claim {claim.ref}: {reason}; everything applied was rolled back"
@@ -322,18 +357,23 @@ class ClaimPreparer:
 
     # -- teardown -----------------------------------------------------------------------
 
-    def _teardown(self, uid: str, log: ContextLogger, what: str) -> None:
-        """Undo everything recorded for ``uid`` and drop its entry; the caller holds its
-        GPU locks. Raises :class:`PrepareError` (entry kept) when a step failed; its
-        message starts with ``what``."""
+    def _teardown(self, uid: str, log: ContextLogger, what: str, locks: set[str]) -> None:
+        """Undo everything recorded for ``uid`` and drop its entry; the caller holds
+        ``locks``, and :class:`_MoreLocks` says the entry needs more. Raises
+        :class:`PrepareError` (entry kept, ``Unpreparing``) when a step failed; its
+        message starts with ``what``. A claim without units has only its spec to
+        remove, so no ``Unpreparing`` record precedes that."""
         with self._store.transaction() as loaded:
             entry = loaded.checkpoint.claims.get(uid)
             if entry is None:
                 return
-            if entry.state != UNPREPARING:
+            if not _locks_of(entry) <= locks:
+                raise _MoreLocks(_locks_of(entry))
+            if entry.units and entry.state != UNPREPARING:
                 entry.state = UNPREPARING
                 self._store.save(loaded.checkpoint)
-        self._on_step("checkpoint-unpreparing")
+        if entry.units:
+            self._on_step("checkpoint-unpreparing")
         errors = []
         for unit in reversed(entry.units):
             try:
@@ -354,6 +394,7 @@ class ClaimPreparer:
             cp = loaded.checkpoint
             if errors:
                 if uid in cp.claims:
+                    cp.claims[uid].state = UNPREPARING
                     cp.claims[uid].error = "; ".join(errors)
                     self._store.save(cp)
                 log.error("teardown incomplete, retried with the next call: %s", "; ".join(errors))
@@ -404,6 +445,9 @@ class ClaimPreparer:
 
     # -- helpers ------------------------------------------------------------------------
 
+    def _spec_path(self, uid: str) -> Path:
+        return cdi.transient_spec_path(self._cdi_dir, self.kind, uid)
+
     def _is_prepared(self, entry: ClaimEntry | None, records: list[Any], spec: Path) -> bool:
         return (
             entry is not None
@@ -438,6 +482,15 @@ class ClaimPreparer:
             raise
         except DriverError as exc:
             raise PrepareError(f"{what}: {exc}") from exc
+
+
+class _MoreLocks(Exception):
+    """The claim's entry names GPUs the caller does not hold (it changed while we waited):
+    retry holding these too."""
+
+    def __init__(self, locks: set[str]) -> None:
+        super().__init__(f"the claim now needs GPU locks {sorted(locks)}")
+        self.locks = locks
 
 
 def _locks_of(entry: ClaimEntry | None) -> set[str]:

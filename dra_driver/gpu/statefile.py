@@ -7,10 +7,13 @@ instance overlapping in a rolling update exclude each other). The lock is held
 only while the file is read, changed in memory and written; never while a GPU
 tool runs.
 
-Writes are a temp file in the same directory renamed over the file (mode
-0600): a reader, or a process killed mid-write, sees the old or the new file,
-never a mix. There is no fsync, on purpose: an fsync protects data against a
-power loss or kernel crash, i.e. a reboot, and everything the file describes
+Writes are a temp file in the same directory that takes the file's place in
+one step (:func:`~dra_driver.gpu.cdi.write_atomic`, mode 0600): a reader, or a
+process killed mid-write, sees the old or the new file, never a mix. The JSON
+is compact; ``jq . checkpoint.json`` shows it to people.
+
+There is no fsync, on purpose: an fsync protects data against a power loss or
+kernel crash, i.e. a reboot, and everything the file describes
 (device settings, MPS daemons and their tmpfs, ``/var/run/cdi``) is gone after
 a reboot anyway. After one, the file's ``nodeBootID`` differs from the running
 kernel's and all its state is discarded (strategies remove their files). A file
@@ -29,7 +32,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,8 +68,10 @@ class CheckpointStore:
         proc_dir: Path,
         logger: logging.Logger,
         lock_timeout_s: float = 10.0,
+        on_problem: Callable[[], None] | None = None,
     ) -> None:
-        """``proc_dir`` is the host's procfs (boot ID and uptime)."""
+        """``proc_dir`` is the host's procfs (boot ID and uptime). ``on_problem`` is called
+        when :attr:`problem` changes (the file became unreadable, or readable again)."""
         self.path = state_dir / FILE_NAME
         self._state_dir = state_dir
         self._boot_id_path = proc_dir / "sys" / "kernel" / "random" / "boot_id"
@@ -74,6 +79,9 @@ class CheckpointStore:
         self._log = logger
         self._lock_timeout_s = lock_timeout_s
         self._locks = NodeLocks(state_dir)
+        self._on_problem = on_problem
+        self.problem = ""
+        """Why the file cannot be used ("" when it can), as of the last read."""
 
     def close(self) -> None:
         self._locks.close()
@@ -103,7 +111,13 @@ class CheckpointStore:
                 raise CheckpointError(
                     f"lock {self._locks.path(LOCK_NAME)}: {exc.strerror}"
                 ) from exc
-            yield self._load()
+            try:
+                loaded = self._load()
+            except CheckpointError as exc:
+                self._set_problem(str(exc))
+                raise
+            self._set_problem("")
+            yield loaded
 
     def _load(self) -> Loaded:
         boot_id = self.boot_id()
@@ -150,6 +164,12 @@ class CheckpointStore:
             return Loaded(checkpoint, rebooted=True)
         return Loaded(checkpoint)
 
+    def _set_problem(self, problem: str) -> None:
+        if problem != self.problem:
+            self.problem = problem
+            if self._on_problem is not None:
+                self._on_problem()
+
     def _written_before_boot(self, mtime: float) -> bool:
         try:
             uptime = float(self._uptime_path.read_text().split()[0])
@@ -159,13 +179,19 @@ class CheckpointStore:
 
     def save(self, checkpoint: Checkpoint) -> None:
         """Atomic replace (see the module docstring for why without fsync)."""
-        data = (json.dumps(encode(checkpoint), indent=1, sort_keys=True) + "\n").encode()
+        data = (json.dumps(encode(checkpoint), separators=(",", ":")) + "\n").encode()
         try:
             write_atomic(self.path, data, mode=0o600)
         except CdiError as exc:
             raise CheckpointError(str(exc)) from exc
 
-    def remove_temp_files(self) -> None:
-        """Temp files of writes a killed process left (never read: not ``*.json``)."""
+    def remove_temp_files(self, older_than_s: float = 60.0) -> None:
+        """Temp files of writes a killed process left (never read: not ``*.json``); only
+        old ones, since another plugin instance may be writing one right now."""
+        now = time.time()
         for tmp in temp_files_for(self.path):
-            tmp.unlink(missing_ok=True)
+            try:
+                if now - tmp.stat().st_mtime > older_than_s:
+                    tmp.unlink(missing_ok=True)
+            except FileNotFoundError:
+                pass

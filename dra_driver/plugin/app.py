@@ -4,7 +4,8 @@ Usage::
 
     settings = PluginSettings(driver_name="gpu.example.com", node_name=node)
     plugin = KubeletPlugin(settings=settings, backend=my_backend, logger=log)
-    plugin.start()            # sockets up, registered, slices being published
+    plugin.serve()            # optional: sockets up before the backend is ready
+    plugin.start()            # serving, slices being published, background work
     ...
     plugin.republish()        # after the backend's pool() changed
     plugin.notify_health_changed()   # after device health changed (optional)
@@ -12,7 +13,7 @@ Usage::
     plugin.stop()             # restart/upgrade: slices stay for the next instance
     plugin.stop(uninstall=True)      # clean uninstall: slices are deleted too
 
-What :meth:`KubeletPlugin.start` wires up (one composition root, no globals):
+What :class:`KubeletPlugin` builds (every component in its constructor, no globals):
 a :class:`~dra_driver.plugin.kubeclient.KubeClient` (kubeconfig file or the
 in-cluster service account), one gRPC server that serves the registration
 service and DRA node service v1 + v1beta1 and health v1 + v1alpha1 on two
@@ -31,7 +32,7 @@ runs; its changes republish at once).
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,7 +42,13 @@ import grpc
 from prometheus_client import CollectorRegistry
 
 from dra_driver.plugin._proto import pluginregistration_pb2_grpc
-from dra_driver.plugin.backend import BackgroundWork, DeviceBackend, DeviceHealth, HealthReporter
+from dra_driver.plugin.backend import (
+    BackgroundWork,
+    DeviceBackend,
+    DeviceHealth,
+    HealthReporter,
+    StatusReporter,
+)
 from dra_driver.plugin.claimbook import ClaimKeeper, ClaimUsage, PreparedClaimBook
 from dra_driver.plugin.claimevents import ClaimActivity
 from dra_driver.plugin.claimstatus import ClaimStatusWriter, DeviceStatusReporter
@@ -93,7 +100,9 @@ class PluginSettings:
     resync_interval_s: float = 30.0
     """Slices are re-listed and repaired at least this often, besides watch events."""
     kubeconfig: Path | None = None
-    """Kubeconfig file; None uses the in-cluster service account."""
+    """Kubeconfig file(s), ':'-joined; None uses the in-cluster service account."""
+    kube_context: str | None = None
+    """Context of ``kubeconfig``; None is its current-context."""
     serve_health: bool = True
     """Serve and advertise the DRAResourceHealth services."""
     serialize_claims: bool = False
@@ -122,19 +131,31 @@ class Readiness:
     """Device health as streamed to the kubelet (read fresh; a change is pushed to the
     streams first). A broken device does not make the plugin unready (the plugin still
     serves the others); it is listed."""
+    fatal: str = ""
+    """Why a background thread died; the plugin is then not alive (``/healthz``)."""
+    backend_problems: tuple[str, ...] = ()
+    """What the backend reports as keeping it from preparing claims (e.g. a corrupt
+    checkpoint); the plugin is not ready while there are any."""
+
+    @property
+    def alive(self) -> bool:
+        """Liveness: serving and no background thread dead."""
+        return self.serving and not self.fatal
 
     @property
     def ready(self) -> bool:
         return (
-            self.serving
+            self.alive
             and self.registered
             and self.publish.in_sync
             and not self.publish.dropped_fields
+            and not self.backend_problems
         )
 
     @property
     def problems(self) -> list[str]:
-        out = []
+        out = [f"background thread failed: {self.fatal}"] if self.fatal else []
+        out += list(self.backend_problems)
         if not self.serving:
             out.append("gRPC sockets are not serving")
         if not self.registered:
@@ -156,17 +177,24 @@ class KubeletPlugin:
         environ: Mapping[str, str] | None = None,
         kube_config: KubeConfig | None = None,
         registry: CollectorRegistry | None = None,
+        on_fatal: Callable[[str], None] | None = None,
     ) -> None:
-        """``environ`` is only read for in-cluster config; ``kube_config`` overrides both.
+        """Builds every component (nothing runs until :meth:`serve` / :meth:`start`).
+
+        ``environ`` is only read for in-cluster config; ``kube_config`` overrides both.
         ``registry``: where the plugin's metrics go (see :mod:`dra_driver.plugin.metrics`);
-        None keeps none."""
+        None keeps none. ``on_fatal`` is called (from the failing thread) when a
+        background thread dies; :meth:`readiness` reports it too, so ``/healthz`` fails."""
         validate_names(settings.driver_name, settings.node_name)
+        s = self.settings = settings
         self.metrics = PluginMetrics(registry) if registry is not None else None
-        self.settings = settings
         self._backend = backend
         self._log = logger
         self._environ = dict(environ or {})
         self._kube_config = kube_config
+        self._on_fatal = on_fatal
+        self._fatal = ""
+        self._serving = False
         self.paths: SocketPaths = socket_paths(
             driver=settings.driver_name,
             registry_dir=settings.registry_dir,
@@ -174,15 +202,73 @@ class KubeletPlugin:
             rolling_update_uid=settings.rolling_update_uid,
         )
         self._registration = RegistrationState()
-        self._client: KubeClient | None = None
-        self._server: Any = None
-        self._service: ClaimService | None = None
-        self._publisher: SlicePublisher | None = None
-        self._cleaner: StaleClaimCleaner | None = None
-        self._hub: HealthHub | None = None
-        self._keeper: ClaimKeeper | None = None
-        self.claims: PreparedClaimBook | None = None
-        """Claims prepared on this node with their devices and pods (after start)."""
+        # Every gRPC worker may GET a claim at once, plus the publisher's two threads,
+        # the cleaner and the claim keeper: size the connection pool so none is thrown away.
+        client = self._client = KubeClient(
+            self._config(), timeout_s=s.api_timeout_s, pool_size=s.grpc_workers + 4
+        )
+        book = self.claims = PreparedClaimBook(
+            driver_name=s.driver_name,
+            pool_name=s.node_name,
+            get_claim=client.get_resource_claim,
+            logger=logger,
+        )
+        """Claims prepared on this node with their devices and pods."""
+        status = None
+        if s.claim_status:
+            status = ClaimStatusWriter(
+                driver_name=s.driver_name,
+                apply=lambda ns, name, body: client.apply_resource_claim_status(
+                    ns, name, body, field_manager=s.driver_name
+                ),
+                reporter=backend if isinstance(backend, DeviceStatusReporter) else None,
+                logger=logger,
+                node_name=s.node_name,
+            )
+        self._keeper = ClaimKeeper(
+            book=book,
+            prepared=backend.prepared_claims,
+            status=status,
+            interval_s=s.claim_refresh_interval_s,
+            logger=logger,
+        )
+        self._service = ClaimService(
+            driver_name=s.driver_name,
+            pool_name=s.node_name,
+            backend=backend,
+            get_claim=client.get_resource_claim,
+            lock_file=FileLock(self.paths.lock) if s.rolling_update_uid else None,
+            logger=logger,
+            parallel=False if s.serialize_claims else None,
+            events=ClaimActivity(
+                logger=logger,
+                metrics=self.metrics.operations if self.metrics is not None else None,
+                status=status,
+                book=book,
+                changed=self._keeper.trigger,
+            ),
+        )
+        self._hub = HealthHub(
+            source=self._device_health, interval_s=s.health_interval_s, logger=logger
+        )
+        self._server = self._grpc_server()
+        self._publisher = SlicePublisher(
+            client=client,
+            driver_name=s.driver_name,
+            node_name=s.node_name,
+            pool_source=backend.pool,
+            logger=logger,
+            resync_interval_s=s.resync_interval_s,
+            metrics=self.metrics.publish if self.metrics is not None else NO_PUBLISH_METRICS,
+            on_fatal=self._fail,
+        )
+        self._cleaner = StaleClaimCleaner(
+            backend=backend,
+            get_claim=client.get_resource_claim,
+            service=self._service,
+            interval_s=s.cleanup_interval_s,
+            logger=logger,
+        )
 
     # -- wiring ----------------------------------------------------------------
 
@@ -190,7 +276,7 @@ class KubeletPlugin:
         if self._kube_config is not None:
             return self._kube_config
         if self.settings.kubeconfig is not None:
-            return load_kubeconfig(self.settings.kubeconfig)
+            return load_kubeconfig(str(self.settings.kubeconfig), self.settings.kube_context)
         return load_in_cluster(self._environ)
 
     def _device_health(self) -> list[DeviceHealth]:
@@ -199,63 +285,8 @@ class KubeletPlugin:
         pool = self.settings.node_name
         return [DeviceHealth(pool, d.name, "Healthy") for d in self._backend.pool().devices]
 
-    def start(self) -> None:
-        """Serve, register and start publishing; raises if sockets cannot be set up."""
+    def _grpc_server(self) -> Any:
         s = self.settings
-        # Every gRPC worker may GET a claim at once, plus the publisher's two threads
-        # and the cleaner: size the connection pool so none is thrown away.
-        client = self._client = KubeClient(
-            self._config(), timeout_s=s.api_timeout_s, pool_size=s.grpc_workers + 4
-        )
-        self.paths.plugin_dir.mkdir(parents=True, exist_ok=True, mode=0o750)
-        s.registry_dir.mkdir(parents=True, exist_ok=True)
-        for path in (self.paths.registration, self.paths.dra):
-            if remove_stale_socket(path):
-                self._log.info("removed stale socket %s", path)
-
-        book = self.claims = PreparedClaimBook(
-            driver_name=s.driver_name,
-            pool_name=s.node_name,
-            get_claim=client.get_resource_claim,
-            logger=self._log,
-        )
-        status = None
-        if s.claim_status:
-            status = ClaimStatusWriter(
-                driver_name=s.driver_name,
-                apply=lambda ns, name, body: client.apply_resource_claim_status(
-                    ns, name, body, field_manager=s.driver_name
-                ),
-                reporter=self._backend if isinstance(self._backend, DeviceStatusReporter) else None,
-                logger=self._log,
-                node_name=s.node_name,
-            )
-        self._keeper = ClaimKeeper(
-            book=book,
-            prepared=self._backend.prepared_claims,
-            status=status,
-            interval_s=s.claim_refresh_interval_s,
-            logger=self._log,
-        )
-        self._service = ClaimService(
-            driver_name=s.driver_name,
-            pool_name=s.node_name,
-            backend=self._backend,
-            get_claim=client.get_resource_claim,
-            lock_file=FileLock(self.paths.lock) if s.rolling_update_uid else None,
-            logger=self._log,
-            parallel=False if s.serialize_claims else None,
-            events=ClaimActivity(
-                logger=self._log,
-                metrics=self.metrics.operations if self.metrics is not None else None,
-                status=status,
-                book=book,
-                changed=self._keeper.trigger,
-            ),
-        )
-        self._hub = HealthHub(
-            source=self._device_health, interval_s=s.health_interval_s, logger=self._log
-        )
         server = grpc.server(
             ThreadPoolExecutor(max_workers=s.grpc_workers, thread_name_prefix="grpc")
         )
@@ -272,14 +303,36 @@ class KubeletPlugin:
             ),
             server,
         )
+        return server
+
+    def _fail(self, reason: str) -> None:
+        """A background thread died: not alive any more (``/healthz``), and tell the owner."""
+        if not self._fatal:
+            self._fatal = reason
+        if self._on_fatal is not None:
+            self._on_fatal(reason)
+
+    def serve(self) -> None:
+        """Bind both sockets and answer the kubelet; raises if they cannot be set up.
+
+        The backend is not called here, so a driver that is still discovering its
+        devices can already be found by the kubelet (see :meth:`start`)."""
+        if self._serving:
+            return
+        s = self.settings
+        self.paths.plugin_dir.mkdir(parents=True, exist_ok=True, mode=0o750)
+        s.registry_dir.mkdir(parents=True, exist_ok=True)
+        for path in (self.paths.registration, self.paths.dra):
+            if remove_stale_socket(path):
+                self._log.info("removed stale socket %s", path)
         # Bind both sockets in private staging dirs, then move them into place:
         # the DRA socket first, so the kubelet never finds a registration socket
         # whose endpoint does not exist yet.
         with staging_dir(self.paths.plugin_dir) as dra_tmp, staging_dir(s.registry_dir) as reg_tmp:
-            server.add_insecure_port(f"unix:{dra_tmp / 'dra.sock'}")
-            server.add_insecure_port(f"unix:{reg_tmp / 'reg.sock'}")
-            server.start()
-            self._server = server
+            self._server.add_insecure_port(f"unix:{dra_tmp / 'dra.sock'}")
+            self._server.add_insecure_port(f"unix:{reg_tmp / 'reg.sock'}")
+            self._server.start()
+            self._serving = True
             secure_and_place(dra_tmp / "dra.sock", self.paths.dra, group=s.socket_group)
             secure_and_place(reg_tmp / "reg.sock", self.paths.registration, group=s.socket_group)
         self._log.info(
@@ -289,91 +342,74 @@ class KubeletPlugin:
             self.paths.dra,
         )
 
-        self._publisher = SlicePublisher(
-            client=client,
-            driver_name=s.driver_name,
-            node_name=s.node_name,
-            pool_source=self._backend.pool,
-            logger=self._log,
-            resync_interval_s=s.resync_interval_s,
-            metrics=self.metrics.publish if self.metrics is not None else NO_PUBLISH_METRICS,
-        )
+    def start(self) -> None:
+        """:meth:`serve` (if not yet), then publish slices, clean up stale claims, keep
+        the prepared claims' status and start the backend's background work."""
+        self.serve()
         if self.metrics is not None:
-            hub = self._hub
+            book = self.claims
             self.metrics.watch_state(
-                health=hub.current,
+                health=self._hub.current,
                 pool=self._backend.pool,
                 prepared_claims=lambda: sum(1 for _ in self._backend.prepared_claims()),
                 prepared_devices=lambda: sum(len(c.devices) for c in book.claims()),
             )
         self._publisher.start()
-        self._cleaner = StaleClaimCleaner(
-            backend=self._backend,
-            get_claim=client.get_resource_claim,
-            service=self._service,
-            interval_s=s.cleanup_interval_s,
-            logger=self._log,
-        )
         self._cleaner.start()
         self._keeper.start()
         if isinstance(self._backend, ClaimUsage):
-            self._backend.watch_claims(book.claims)
+            self._backend.watch_claims(self.claims.claims)
         if isinstance(self._backend, BackgroundWork):
             self._backend.start_background(self.republish)
+        self.notify_health_changed()
 
     def stop(self, *, uninstall: bool = False, grace_s: float = 5.0) -> None:
         """Deregister and stop. Slices are kept (the next instance takes them over)
-        unless ``uninstall`` is true."""
+        unless ``uninstall`` is true. Safe to call whether or not :meth:`start` ran."""
         remove_stale_socket(self.paths.registration)  # deregisters from the kubelet
-        if self._publisher is not None and isinstance(self._backend, BackgroundWork):
+        if isinstance(self._backend, BackgroundWork):
             self._backend.stop_background()
-        if self._cleaner is not None:
-            self._cleaner.stop()
-        if self._keeper is not None:
-            self._keeper.stop()
-        if self._hub is not None:
-            self._hub.close()
-        if self._server is not None:
+        self._cleaner.stop()
+        self._keeper.stop()
+        self._hub.close()
+        if self._serving:
             self._server.stop(grace_s).wait()
-            self._server = None
+            self._serving = False
         remove_stale_socket(self.paths.dra)
-        if self._publisher is not None:
-            self._publisher.stop()
-            if uninstall:
-                self._publisher.delete_all()
-        if self._service is not None:
-            self._service.close()
-        if self._client is not None:
-            self._client.close()
+        self._publisher.stop()
+        if uninstall:
+            self._publisher.delete_all()
+        self._service.close()
+        self._client.close()
         self._log.info("stopped DRA plugin %s (uninstall=%s)", self.settings.driver_name, uninstall)
 
     def republish(self) -> None:
         """The backend's pool changed: re-publish slices, refresh health now, and bring
         the prepared claims' status conditions up to date."""
-        if self._publisher is not None:
-            self._publisher.trigger()
+        self._publisher.trigger()
         self.notify_health_changed()
-        if self._keeper is not None:
-            self._keeper.trigger()
+        self._keeper.trigger()
 
     def notify_health_changed(self) -> None:
-        if self._hub is not None:
-            self._hub.notify_changed()
+        self._hub.notify_changed()
 
     def readiness(self) -> Readiness:
         status = self._registration.status
+        problems = self._backend.problems() if isinstance(self._backend, StatusReporter) else []
         return Readiness(
-            serving=self._server is not None,
+            serving=self._serving,
             registered=bool(status and status.registered),
             registration_error=status.error if status else "",
-            publish=self._publisher.status if self._publisher else PublishStatus(),
-            devices=tuple(self._hub.current()) if self._hub is not None else (),
+            publish=self._publisher.status,
+            devices=tuple(self._hub.current()),
+            fatal=self._fatal,
+            backend_problems=tuple(problems),
         )
 
     @property
-    def publisher(self) -> SlicePublisher | None:
+    def publisher(self) -> SlicePublisher:
         return self._publisher
 
     @property
-    def cleaner(self) -> StaleClaimCleaner | None:
+    def cleaner(self) -> StaleClaimCleaner:
         return self._cleaner

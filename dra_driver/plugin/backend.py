@@ -114,3 +114,13 @@ class BackgroundWork(Protocol):
     def start_background(self, notify: Callable[[], None]) -> None: ...
 
     def stop_background(self) -> None: ...
+
+
+@runtime_checkable
+class StatusReporter(Protocol):
+    """Optional backend ability: say what keeps it from preparing claims right now."""
+
+    def problems(self) -> list[str]:
+        """Empty when fine; the plugin is not ready (``/readyz``) while not empty. Cheap:
+        called on every readiness probe."""
+        ...

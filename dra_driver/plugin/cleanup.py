@@ -13,6 +13,7 @@ import logging
 import threading
 from collections.abc import Callable
 
+from dra_driver.errors import DriverError
 from dra_driver.logs import claim_logger
 from dra_driver.plugin.backend import DeviceBackend
 from dra_driver.plugin.preparing import ClaimGetter, ClaimService
@@ -60,6 +61,8 @@ class StaleClaimCleaner:
         while True:
             try:
                 self.run_once()
+            except DriverError as exc:  # e.g. the backend cannot read its state now
+                self._log.warning("stale-claim cleanup round failed: %s", exc)
             except Exception:
                 self._log.exception("stale-claim cleanup round failed")
             if wait(self._interval_s):

@@ -1,7 +1,7 @@
 """HTTP health endpoint for the kubelet's probes of the plugin pod.
 
-``GET /healthz`` (liveness): 200 while the gRPC sockets serve; 503 otherwise,
-so the kubelet restarts a plugin whose server died. ``GET /readyz``
+``GET /healthz`` (liveness): 200 while the gRPC sockets serve and no background
+thread has died; 503 otherwise, so the kubelet restarts the plugin. ``GET /readyz``
 (readiness): 200 once registered with the kubelet and the ResourceSlices are
 in sync (:attr:`Readiness.ready`), else 503 with the problems; its body also
 lists the devices that are not Healthy, exactly as last streamed to the
@@ -71,8 +71,8 @@ class HealthServer:
             self._log.exception("readiness check failed")
             return 503, {"ok": False, "problems": [f"readiness check failed: {exc}"]}
         if path == "/healthz":
-            ok = state.serving
-            problems = [] if ok else ["gRPC sockets are not serving"]
+            ok = state.alive
+            problems = [] if ok else state.problems[:1]
         else:
             ok = state.ready
             problems = state.problems

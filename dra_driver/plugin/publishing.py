@@ -107,8 +107,11 @@ class SlicePublisher:
         backoff_max_s: float = 30.0,
         watch_timeout_s: int = 300,
         metrics: PublishMetrics = NO_PUBLISH_METRICS,
+        on_fatal: Callable[[str], None] | None = None,
     ) -> None:
+        """``on_fatal`` is told when a background thread crashes or ends on its own."""
         validate_names(driver_name, node_name)
+        self._on_fatal = on_fatal
         self._metrics = metrics
         self._client = client
         self._driver = driver_name
@@ -165,12 +168,17 @@ class SlicePublisher:
     def _guard(self, name: str, target: Callable[[], None]) -> None:
         try:
             target()
-        except Exception:
+        except Exception as exc:
             self._log.exception("background thread %s crashed", name)
             self._set_status(in_sync=False, last_error=f"{name} crashed")
+            if self._on_fatal is not None:
+                self._on_fatal(f"{name} crashed: {exc!r}")
             return
         if not self._stop.is_set():
             self._log.error("background thread %s ended unexpectedly", name)
+            self._set_status(in_sync=False, last_error=f"{name} ended")
+            if self._on_fatal is not None:
+                self._on_fatal(f"{name} ended unexpectedly")
 
     # -- loops ---------------------------------------------------------------
 
@@ -207,6 +215,11 @@ class SlicePublisher:
             try:
                 listed = self._client.list_resource_slices(self._selector)
                 rv = str(listed.get("metadata", {}).get("resourceVersion", ""))
+                if self._differs_from_written(listed.get("items") or []):
+                    # Whatever happened while no watch was open (an outage, a watch
+                    # that expired) is only in the list: repair now, not at the resync.
+                    self._log.info("slices changed while not watched; resyncing")
+                    self._trigger.set()
                 self._watch = self._client.watch_resource_slices(
                     self._selector, rv, timeout_s=self._watch_timeout_s
                 )
@@ -232,6 +245,14 @@ class SlicePublisher:
                 delay = min(delay * 2, self._backoff[1])
             finally:
                 self._watch = None
+
+    def _differs_from_written(self, items: list[Obj]) -> bool:
+        listed = {
+            str(o.get("metadata", {}).get("name")): o.get("metadata", {}).get("resourceVersion")
+            for o in items
+        }
+        written = dict(self._written)  # one C-level copy: the sync thread writes it
+        return listed != {name: rv for name, (rv, _) in written.items()}
 
     def _is_own_write(self, obj: Obj) -> bool:
         meta = obj.get("metadata", {})
@@ -333,6 +354,7 @@ class SlicePublisher:
             self._client.delete_resource_slice(
                 meta["name"], uid=meta.get("uid"), resource_version=meta.get("resourceVersion")
             )
+            self._written.pop(str(meta["name"]), None)
             self._metrics.write("delete")
         dropped: set[str] = set()
         for i in to_update:

@@ -62,7 +62,7 @@ def test_plugin_publishes_and_drops_an_unplugged_gpu(cluster: Cluster, short_dir
     ]  # fmt: skip
     log = (short_dir / "plugin.log").open("w")
     proc = subprocess.Popen(
-        argv, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "NODE_NAME": ""}
+        argv, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "DRA_NODE_NAME": ""}
     )
     try:
         describe = lambda: (short_dir / "plugin.log").read_text()[-3000:]  # noqa: E731

@@ -3,14 +3,12 @@ and deploy/deviceclasses, and acceptance by the real API server (dry run)."""
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from dra_driver.commands import kubelet_plugin
 from dra_driver.devcluster import ApiError, Cluster
 from dra_driver.gpu.shares import ConsumableGpus
 from tests.e2e.helm import (
@@ -114,13 +112,13 @@ def test_host_paths_are_mounted_at_the_same_path_and_probes_hit_the_health_port(
     assert "--kubelet-registry-dir=/data/kubelet/plugins_registry" in container["args"]
     assert "--kubelet-plugins-dir=/data/kubelet/plugins" in container["args"]
     env = {e["name"]: e for e in container["env"]}
-    assert env["HEALTH_PORT"]["value"] == "9123"
+    assert env["DRA_HEALTH_PORT"]["value"] == "9123"
     assert mounts["driver-root"] == "/driver-root"
     assert {m["name"]: m.get("readOnly", False) for m in container["volumeMounts"]}["driver-root"]
     assert container["ports"] == [{"name": "health", "containerPort": 9123, "protocol": "TCP"}]
     assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
     assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "health"}
-    assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    assert env["DRA_NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
     assert pod["serviceAccountName"] == "dra-driver-kubelet-plugin"
 
 
@@ -131,12 +129,12 @@ def test_consumable_gpus_reach_the_plugin_through_its_env(
         (container,) = daemonset(render(helm, *args))["spec"]["template"]["spec"]["containers"]
         return {e["name"]: e.get("value", "") for e in container["env"]}
 
-    assert env()["CONSUMABLE_GPUS"] == "none"
-    value = env("--set-string", "consumableGpus=NVIDIA L4")["CONSUMABLE_GPUS"]
-    monkeypatch.setenv("CONSUMABLE_GPUS", value)
-    parser = argparse.ArgumentParser()
-    kubelet_plugin.add_arguments(parser)
-    args = parser.parse_args(["--node-name=n"])
+    from dra_driver.cli import _load_commands, build_parser
+
+    assert env()["DRA_CONSUMABLE_GPUS"] == "none"
+    value = env("--set-string", "consumableGpus=NVIDIA L4")["DRA_CONSUMABLE_GPUS"]
+    parser = build_parser(_load_commands(), environ={"DRA_CONSUMABLE_GPUS": value})
+    args = parser.parse_args(["kubelet-plugin", "--node-name=n"])
     assert args.consumable_gpus == ConsumableGpus(names=frozenset({"NVIDIA L4"}))
 
 
@@ -144,11 +142,11 @@ def test_rolling_update_switch(helm: Path) -> None:
     surge = daemonset(render(helm))
     assert surge["spec"]["updateStrategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
     env = {e["name"] for e in surge["spec"]["template"]["spec"]["containers"][0]["env"]}
-    assert "POD_UID" in env
+    assert "DRA_ROLLING_UPDATE_UID" in env
     plain = daemonset(render(helm, "--set", "rollingUpdate.enabled=false"))
     assert plain["spec"]["updateStrategy"]["rollingUpdate"] == {"maxUnavailable": 1}
     env = {e["name"] for e in plain["spec"]["template"]["spec"]["containers"][0]["env"]}
-    assert "POD_UID" not in env
+    assert "DRA_ROLLING_UPDATE_UID" not in env
 
 
 def test_optional_parts_can_be_left_out(helm: Path) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from dra_driver.commands import kubelet_plugin, observability
+from dra_driver.commands import observability
 from tests.e2e.helm import CHART, build_helm, render, run_helm
 
 
@@ -25,14 +25,12 @@ def daemonset_pod(objs):
 
 def plugin_args(pod, monkeypatch) -> argparse.Namespace:
     """Parse the container's args with its env, exactly as the plugin would."""
+    from dra_driver.cli import _load_commands, build_parser
+
     (container,) = pod["containers"]
-    for e in container["env"]:
-        if "value" in e:
-            monkeypatch.setenv(e["name"], e["value"])
-    monkeypatch.setenv("NODE_NAME", "n")
-    parser = argparse.ArgumentParser()
-    kubelet_plugin.add_arguments(parser)
-    return parser.parse_args(container["args"][1:])
+    env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
+    env["DRA_NODE_NAME"] = "n"  # the downward API's value
+    return build_parser(_load_commands(), environ=env).parse_args(container["args"])
 
 
 def test_defaults_reach_the_plugin(helm: Path, monkeypatch) -> None:

@@ -51,7 +51,7 @@ def test_surge_upgrade_hands_claims_to_the_new_plugin(
     # own network namespace: here its own health port).
     new_pod_uid = str(uuid.uuid4())
     new_log = node.workdir / "plugin-new.log"
-    env = {**node.plugin_env(new_pod_uid), "HEALTH_PORT": str(free_port())}
+    env = {**node.plugin_env(new_pod_uid), "DRA_HEALTH_PORT": str(free_port())}
     with new_log.open("ab") as log:
         new = subprocess.Popen(node.plugin_argv(), env=env, stdout=log, stderr=subprocess.STDOUT,
                                start_new_session=True)  # fmt: skip

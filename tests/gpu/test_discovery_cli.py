@@ -90,7 +90,9 @@ def test_kubelet_plugin_start_failure_is_a_clear_error(tmp_path: Path) -> None:
     bad = _run("kubelet-plugin", "--node-name", "n", "--emulate", "t4", *dirs,
                "--kubeconfig", str(tmp_path / "missing"), check=False)  # fmt: skip
     assert bad.returncode == 1
-    assert "cannot start: kubeconfig" in bad.stderr and "Traceback" not in bad.stderr
+    last = bad.stderr.splitlines()[-1]
+    assert last.startswith("dra-driver kubelet-plugin: cannot start: kubeconfig")
+    assert "Traceback" not in bad.stderr
 
 
 def test_slices_numa_attribute_form_and_nvlink_domains() -> None:

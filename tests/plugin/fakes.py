@@ -183,8 +183,13 @@ class FakeApiServer:
                         self._send(500, {"reason": "InternalError", "message": "etcd down"})
                         return
                     if "watch" in parse_qs(url.query):
-                        time.sleep(0.5)  # an idle watch that the server ends
-                        self._send(200, {})
+                        # An idle watch that the server ends without an event: whatever
+                        # changed meanwhile is only seen by the watcher's next list.
+                        time.sleep(0.5)
+                        self.send_response(200)
+                        self.send_header("Content-Type", "application/json")
+                        self.send_header("Content-Length", "0")
+                        self.end_headers()
                         return
                     with server._lock:
                         items = list(server.slices.values())

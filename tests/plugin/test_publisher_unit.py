@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Any
 
 from dra_driver.devcluster import wait_until
 from dra_driver.plugin.kubeclient import KubeClient
@@ -12,7 +13,7 @@ from dra_driver.plugin.resources import Device, Pool
 from tests.plugin.fakes import DRIVER, FakeApiServer
 
 
-def _publisher(api: FakeApiServer, pool: Pool) -> SlicePublisher:
+def _publisher(api: FakeApiServer, pool: Pool, **kw: Any) -> SlicePublisher:
     return SlicePublisher(
         client=KubeClient(api.config),
         driver_name=DRIVER,
@@ -21,6 +22,7 @@ def _publisher(api: FakeApiServer, pool: Pool) -> SlicePublisher:
         logger=logging.getLogger("test.publisher"),
         backoff_initial_s=0.05,
         backoff_max_s=0.2,
+        **kw,
     )
 
 
@@ -56,3 +58,35 @@ def test_invalid_pool_is_reported_and_nothing_is_written(api: FakeApiServer) -> 
     )
     assert not pub.status.in_sync
     assert api.slices == {}
+
+
+def test_d8_a_slice_deleted_while_unwatched_is_back_with_the_next_list(
+    api: FakeApiServer,
+) -> None:
+    """Regression (issue 11, D8): after a watch gap the watcher re-listed without
+    comparing, so a slice deleted meanwhile came back only with the 30 s resync."""
+    pub = _publisher(api, Pool(devices=(Device("gpu-0"),)), resync_interval_s=30)
+    pub.start()
+    try:
+        wait_until(lambda: pub.status.in_sync, timeout=10, what="first publish")
+        (name,) = api.slices
+        with api._lock:
+            del api.slices[name]  # no watch event: the fake's watches only time out
+        start = time.monotonic()
+        wait_until(lambda: name in api.slices, timeout=10, what="slice re-created")
+        assert time.monotonic() - start < 5  # the next list (0.5 s here), not the resync
+    finally:
+        pub.stop()
+
+
+def test_a_crashed_background_thread_is_reported_as_fatal(api: FakeApiServer) -> None:
+    api.nodes["node-a"] = {"kind": "Node"}  # no metadata: the owner lookup fails
+    reasons: list[str] = []
+    pub = _publisher(api, Pool(devices=(Device("gpu-0"),)), on_fatal=reasons.append)
+    pub.start()
+    try:
+        wait_until(lambda: reasons, timeout=10, what="fatal report")
+    finally:
+        pub.stop()
+    assert reasons[0].startswith("slice-sync crashed: KeyError('metadata')")
+    assert not pub.status.in_sync

@@ -1,11 +1,12 @@
 """Run one prepare or unprepare in a child process and SIGKILL it after step N.
 
 Usage: ``python -m tests.prepare.crashing <node root> prepare|unprepare [share]``
-with ``DRA_TEST_KILL_AT=N`` (counted from the first step of that call; 0 or
-unset: no kill). ``unprepare`` prepares the claim first (not counted), then
-unprepares it. Without a kill the step names of the call are printed, one per
-line. ``share``: the claim is :data:`SHARE_CLAIM`, an enforced share of gpu-2
-on an r615 driver, instead of :func:`crash_claim`.
+with ``DRA_TEST_CLAIM=sharing|exclusive`` (:func:`crash_claim`) and
+``DRA_TEST_KILL_AT=N`` (counted from the first step of that call; 0 or unset: no
+kill). ``unprepare`` prepares the claim first (not counted), then unprepares it.
+Without a kill the step names of the call are printed, one per line. ``share``:
+the claim is :data:`SHARE_CLAIM`, an enforced share of gpu-2 on an r615 driver,
+instead of :func:`crash_claim`.
 """
 
 from __future__ import annotations
@@ -24,8 +25,11 @@ CRASH_REF = ClaimRef("ns", "c1", CRASH_UID)
 SHARE_CLAIM = share_claim(CRASH_UID, namespace="team-a", name="c1", memory="30Gi", compute="25")
 
 
-def crash_claim():  # type: ignore[no-untyped-def]
-    """Touches every step: time-slicing on one GPU, MPS over two others, the CDI spec."""
+def crash_claim(kind: str = "sharing"):  # type: ignore[no-untyped-def]
+    """``sharing`` touches every step: time-slicing on one GPU, MPS over two others, the
+    CDI spec; ``exclusive`` is two GPUs as they are (nothing but the spec)."""
+    if kind == "exclusive":
+        return claim(uid=CRASH_UID, devices=[("a", "gpu-3"), ("b", "gpu-4")])
     ts = gpu_config(
         {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Medium"}}, requests=("ts",)
     )
@@ -45,7 +49,7 @@ def main() -> None:
     shares = sys.argv[3:] == ["share"]
     if shares:
         node.inventory = dataclasses.replace(node.inventory, driver_version=ENFORCING_VERSION)
-    prepared = SHARE_CLAIM if shares else crash_claim()
+    prepared = SHARE_CLAIM if shares else crash_claim(os.environ.get("DRA_TEST_CLAIM", "sharing"))
     kill_at = int(os.environ.get("DRA_TEST_KILL_AT", "0"))
     steps: list[str] = []
     counting = False

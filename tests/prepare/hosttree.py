@@ -68,11 +68,13 @@ def _mig(parent: int, gi: int, start: int) -> MigInstance:
     )
 
 
-def hand_inventory() -> Inventory:
+def hand_inventory(count: int = 8) -> Inventory:
+    """``count`` GPUs (at least 8); gpu-7 is in MIG mode with two 1g.10gb instances."""
     gpus = [_gpu(i) for i in range(7)]
     gpus.append(
         _gpu(7, mig_capable=True, mig_enabled=True, mig_instances=(_mig(7, 9, 2), _mig(7, 13, 6)))
     )
+    gpus += [_gpu(i) for i in range(8, count)]
     return Inventory(driver_version=VERSION, cuda_driver_version=(13, 0), gpus=tuple(gpus))
 
 
@@ -80,7 +82,7 @@ def hand_inventory() -> Inventory:
 MIG_CAPS = {9: (84, 85), 13: (120, 121)}
 
 
-def build_host(root: Path, *, boot_id: str = "boot-1") -> HostPaths:
+def build_host(root: Path, *, boot_id: str = "boot-1", gpus: int = 8) -> HostPaths:
     host = HostPaths(root=root, driver_root=root / "driver")
     host.proc().mkdir(parents=True)
     host.proc("devices").write_text(PROC_DEVICES)
@@ -88,7 +90,12 @@ def build_host(root: Path, *, boot_id: str = "boot-1") -> HostPaths:
     boot.parent.mkdir(parents=True)
     boot.write_text(boot_id + "\n")
     host.dev().mkdir()
-    for name in ["nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", *(f"nvidia{i}" for i in range(8))]:
+    for name in [
+        "nvidiactl",
+        "nvidia-uvm",
+        "nvidia-uvm-tools",
+        *(f"nvidia{i}" for i in range(gpus)),
+    ]:
         host.dev(name).touch(mode=0o666)
         host.dev(name).chmod(0o666)
     for gi, (gi_minor, ci_minor) in MIG_CAPS.items():
@@ -183,8 +190,8 @@ def state_dir_for(root: Path) -> Path:
     return link.resolve()
 
 
-def make_node(root: Path) -> Node:
-    host = build_host(root)
+def make_node(root: Path, *, gpus: int = 8) -> Node:
+    host = build_host(root, gpus=gpus)
     record = root / "gputools.jsonl"
     paths = gputools.install(host.driver("usr", "bin"), record)
     tools = GpuTools(
@@ -195,7 +202,7 @@ def make_node(root: Path) -> Node:
     return Node(
         root=root,
         host=host,
-        inventory=hand_inventory(),
+        inventory=hand_inventory(gpus),
         record=record,
         tools=tools,
         cdi_dir=root / "run" / "cdi",
@@ -233,14 +240,14 @@ def gpu_config(
     return OpaqueConfig(source=source, requests=requests, parameters=params)  # type: ignore[arg-type]
 
 
-def open_node(root: Path) -> Node:
+def open_node(root: Path, *, gpus: int = 8) -> Node:
     """The node :func:`make_node` built at ``root``, as a restarted process sees it."""
     host = HostPaths(root=root, driver_root=root / "driver")
     bin_dir = host.driver("usr", "bin")
     return Node(
         root=root,
         host=host,
-        inventory=hand_inventory(),
+        inventory=hand_inventory(gpus),
         record=root / "gputools.jsonl",
         tools=GpuTools(
             nvidia_smi=bin_dir / gputools.NVIDIA_SMI,

@@ -28,8 +28,8 @@ PREPARE_STEPS = [
     "mps-shm",
     "mps-daemon",
     "mps-limits",
-    "cdi-spec",
     "checkpoint-prepared",
+    "cdi-spec",  # last: Prepared without its spec is an interrupted prepare
 ]
 UNPREPARE_STEPS = [
     "checkpoint-unpreparing",
@@ -44,8 +44,17 @@ UNPREPARE_STEPS = [
 ]
 
 
-def run_child(node: Node, call: str, kill_at: int, *extra: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "DRA_TEST_KILL_AT": str(kill_at), "PYTHONPATH": str(REPO)}
+EXCLUSIVE_STEPS = {
+    "prepare": ["checkpoint-prepared", "cdi-spec"],  # nothing to undo but the spec
+    "unprepare": ["cdi-spec-removed", "checkpoint-removed"],
+}
+
+
+def run_child(
+    node: Node, call: str, kill_at: int, *extra: str, kind: str = "sharing"
+) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "DRA_TEST_KILL_AT": str(kill_at), "PYTHONPATH": str(REPO),
+           "DRA_TEST_CLAIM": kind}  # fmt: skip
     return subprocess.run(
         [sys.executable, "-m", "tests.prepare.crashing", str(node.root), call, *extra],
         env=env,
@@ -85,8 +94,8 @@ def assert_clean(node: Node) -> None:
     assert all(v == ("DEFAULT", "0") for v in gpu_settings(node).values()), gpu_settings(node)
 
 
-def steps_of(node: Node, call: str) -> list[str]:
-    done = run_child(node, call, 0)
+def steps_of(node: Node, call: str, kind: str = "sharing") -> list[str]:
+    done = run_child(node, call, 0, kind=kind)
     assert done.returncode == 0, done.stderr
     node.preparer().unprepare(CRASH_REF)
     assert_clean(node)
@@ -96,6 +105,8 @@ def steps_of(node: Node, call: str) -> list[str]:
 def test_steps_cover_every_side_effect(node: Node) -> None:
     assert [s.split(":")[0] for s in steps_of(node, "prepare")] == PREPARE_STEPS
     assert [s.split(":")[0] for s in steps_of(node, "unprepare")] == UNPREPARE_STEPS
+    for call, steps in EXCLUSIVE_STEPS.items():
+        assert steps_of(node, call, "exclusive") == steps
 
 
 def assert_prepared_and_working(node: Node, step: str) -> None:
@@ -116,29 +127,37 @@ def assert_prepared_and_working(node: Node, step: str) -> None:
     assert settings[gpus[1].uuid][0] == settings[gpus[2].uuid][0] == "EXCLUSIVE_PROCESS", step
 
 
+@pytest.mark.parametrize("kind", ["sharing", "exclusive"])
 @pytest.mark.parametrize("call", ["prepare", "unprepare"])
 @pytest.mark.parametrize(
     "then",
     ["prepare", "unprepare", "restart"],
     ids=["then-prepare", "then-unprepare", "then-restart"],
 )
-def test_sigkill_at_every_step(node: Node, call: str, then: str) -> None:
+def test_sigkill_at_every_step(node: Node, call: str, then: str, kind: str) -> None:
     """D1: a kill mid-unprepare (after MPS stopped, before the spec went) used to leave the
     claim "prepared": the next prepare returned a spec whose MPS dirs were gone."""
-    steps = steps_of(node, call)
+    steps = steps_of(node, call, kind)
     for n, step in enumerate(steps, start=1):
-        done = run_child(node, call, n)
+        done = run_child(node, call, n, kind=kind)
         assert done.returncode == -signal.SIGKILL, (step, done.stderr)
         restarted = node.preparer()  # a new plugin process: nothing carried over in memory
         if then == "restart":
             restarted.recover()  # what the plugin does at start, before any call
             state = json.loads((node.state_dir / "checkpoint.json").read_text())["claims"]
             assert all(e["state"] == "Prepared" for e in state.values()), step
+            spec = node.cdi_dir / f"k8s.gpu.nvidia.com-claim_{CRASH_UID}.json"
+            assert bool(state) == spec.exists(), step  # prepared exactly when its spec is there
             if not state:
                 assert_clean(node)
         elif then == "prepare":
-            result = restarted.prepare(crash_claim())
-            assert [d.device_name for d in result] == ["gpu-0", "gpu-1", "gpu-2"], step
-            assert_prepared_and_working(node, step)
+            result = restarted.prepare(crash_claim(kind))
+            if kind == "sharing":
+                assert [d.device_name for d in result] == ["gpu-0", "gpu-1", "gpu-2"], step
+                assert_prepared_and_working(node, step)
+            else:
+                assert [d.device_name for d in result] == ["gpu-3", "gpu-4"], step
+                spec = node.cdi_dir / f"k8s.gpu.nvidia.com-claim_{CRASH_UID}.json"
+                assert len(json.loads(spec.read_text())["devices"]) == 2, step
         restarted.unprepare(CRASH_REF)
         assert_clean(node)

@@ -162,7 +162,7 @@ def _run(root: Path, call: str, device: str, kill_at: int) -> subprocess.Complet
 
 PREPARE_STEPS = [
     "checkpoint-preparing", "mig-gi", "record", "mig-ci", "record",
-    "record", "mig-nodes", "cdi-spec", "checkpoint-prepared",
+    "record", "mig-nodes", "checkpoint-prepared", "cdi-spec",
 ]  # fmt: skip
 UNPREPARE_STEPS = [
     "checkpoint-unpreparing", "mig-ci-destroyed", "mig-gi-destroyed", "cdi-spec-removed",
@@ -190,7 +190,7 @@ def test_sigkill_at_every_step_leaves_no_instance_after_restart(
             preparer.recover()
             state = _checkpoint(node)["claims"]
             if call == "prepare" and kill_at == len(steps):
-                # Killed after recording Prepared: the claim is prepared, nothing to undo.
+                # Killed after its spec was written (the last step): prepared, nothing to undo.
                 assert state[MIG_UID]["state"] == "Prepared", kill_at
                 assert node.instances(7) == [(4, "2g.20gb", 2, [0])]
                 preparer.unprepare(MIG_REF)

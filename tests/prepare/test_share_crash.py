@@ -29,8 +29,8 @@ FIRST_SHARE_PREPARE = [
     "mps-shm",
     "mps-daemon",
     "mps-limits",
-    "cdi-spec",
     "checkpoint-prepared",
+    "cdi-spec",  # last: Prepared without its spec is an interrupted prepare
 ]
 LAST_SHARE_UNPREPARE = [
     "checkpoint-unpreparing",

@@ -6,7 +6,7 @@ to the real driver, the device nodes and driver files are the host's, time-slici
 and MPS are the real ``nvidia-smi`` and ``nvidia-cuda-mps-control``, and each
 check compares what our code says with what NVIDIA's own tool says.
 
-Environment: ``DRA_GPU_DRIVER_ROOT`` (default: found from ``nvidia-smi`` on PATH),
+Environment: ``DRA_DRIVER_ROOT`` (default: found from ``nvidia-smi`` on PATH),
 ``DRA_GPU_TOOLS`` (a dir with ``cdi-harness``, ``runc``, ``busybox`` for the
 container test; default: PATH and ``scripts/build-cdi-harness.sh``).
 """
@@ -61,9 +61,9 @@ def record(name: str, text: str) -> None:
 
 @pytest.fixture(scope="module")
 def host() -> HostPaths:
-    env_root = os.environ.get("DRA_GPU_DRIVER_ROOT")
+    env_root = os.environ.get("DRA_DRIVER_ROOT")
     root = Path(env_root) if env_root else find_driver_root(HostPaths())
-    assert root is not None, "no NVIDIA driver root found (set DRA_GPU_DRIVER_ROOT)"
+    assert root is not None, "no NVIDIA driver root found (set DRA_DRIVER_ROOT)"
     return HostPaths(root=Path("/"), driver_root=root)
 
 

@@ -14,6 +14,10 @@ Without ``-d`` the tool forwards its stdin lines to that FIFO. The daemon also
 writes ``/dev/shm/nvidia-mps-emulated.<pid>`` so tests can see which
 ``/dev/shm`` it shares with the containers.
 
+Slow tools: if ``<record>.delay`` holds a number of seconds, every invocation
+sleeps that long before it acts (a real ``nvidia-smi`` takes 50-500 ms), and
+records ``start``/``end`` times (``time.time()``) so tests can see overlap.
+
 Faults: if ``<record>.fail`` exists, any invocation whose space-joined argv
 contains one of its lines exits 1 with a message, like a failing tool.
 
@@ -96,6 +100,13 @@ def _hold(record: Path, argv: list[str], stdin: str) -> None:
         time.sleep(0.02)
 
 
+def _delay(record: Path) -> float:
+    try:
+        return float(Path(f"{record}.delay").read_text())
+    except (OSError, ValueError):
+        return 0.0
+
+
 def _injected_failure(record: Path, argv: list[str]) -> str | None:
     fail = Path(f"{record}.fail")
     if not fail.exists():
@@ -113,6 +124,11 @@ def main(tool: str, record_path: str, argv: list[str]) -> int:
     entry: dict[str, Any] = {"tool": tool, "argv": argv, "pid": os.getpid(), "env": _mps_env()}
     if stdin:
         entry["stdin"] = stdin
+    delay = _delay(record)
+    if delay:
+        entry["start"] = time.time()
+        time.sleep(delay)
+        entry["end"] = time.time()
     _append(record, entry)
     _hold(record, [tool, *argv], stdin)
     pattern = _injected_failure(record, [tool, *argv])

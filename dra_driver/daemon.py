@@ -1,0 +1,362 @@
+"""The kubelet-plugin daemon's composition root: builds every component once, runs, stops.
+
+:func:`run` takes validated :class:`~dra_driver.settings.DaemonSettings` and
+wires, in this order: the plugin layer
+(:class:`~dra_driver.plugin.app.KubeletPlugin`: sockets, registration, slices,
+health, claim cleanup) and the HTTP health endpoint, serving at once; then the
+host (real or emulated GPUs) and the GPU driver (discovery, devices, claim
+preparation; it finishes any half-done prepare or unprepare of a previous
+process), handed to the plugin through :class:`LateBackend`; then slice
+publishing and background work start. Serving first puts the registration
+socket up before the GPU layer is even imported: claim calls that arrive
+meanwhile wait for the driver. Then the main thread waits for exactly four
+things: SIGTERM/SIGINT (stop), SIGHUP or the re-discovery interval
+(re-discover, republish if the pool changed), or a fatal failure of a
+background thread (stop, exit 1, so the kubelet restarts the pod; ``/healthz``
+fails meanwhile).
+
+Signals: handlers are installed before anything starts, and the main thread
+waits in ``select`` on the interpreter's signal wakeup fd
+(:class:`Wakeups`), so a signal delivered to *any* thread (gRPC's, the
+publisher's) wakes it at once. Waiting on an ``Event`` instead only noticed
+a signal delivered to another thread when the wait timed out (up to 300 s),
+so the pod sat out its grace period and was SIGKILLed.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+import logging
+import os
+import select
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import ExitStack
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from dra_driver.errors import DriverError
+from dra_driver.settings import DaemonSettings
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
+    from dra_driver.gpu.driver import GpuDriver
+    from dra_driver.gpu.inventory import Inventory
+    from dra_driver.plugin.backend import DeviceHealth, PreparedDevice
+    from dra_driver.plugin.claimbook import PreparedClaim
+    from dra_driver.plugin.claims import Claim, ClaimRef
+    from dra_driver.plugin.claimstatus import DeviceStatus
+    from dra_driver.plugin.resources import Pool
+
+logger = logging.getLogger(__name__)
+
+_POKE = 0  # not a signal number
+_STOP = (signal.SIGTERM, signal.SIGINT)
+
+
+class Wakeups:
+    """Signals and pokes from other threads, received by the main thread in ``select``."""
+
+    def __init__(self) -> None:
+        self._recv, self._send = socket.socketpair()
+        self._recv.setblocking(False)
+        self._send.setblocking(False)
+        self._previous: dict[int, object] = {}
+        self._old_fd = -1
+
+    def install(self) -> None:
+        """From the main thread, before any other thread starts."""
+        for signum in (*_STOP, signal.SIGHUP):
+            # The Python handler does nothing; its only job is to replace the default
+            # action. The C-level handler writes the signal number to the wakeup fd.
+            self._previous[signum] = signal.signal(signum, lambda _s, _f: None)
+        self._old_fd = signal.set_wakeup_fd(self._send.fileno(), warn_on_full_buffer=False)
+
+    def uninstall(self) -> None:
+        signal.set_wakeup_fd(self._old_fd)
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler if handler is not None else signal.SIG_DFL)  # type: ignore[arg-type]
+        self._recv.close()
+        self._send.close()
+
+    def poke(self) -> None:
+        """Wake the main thread (any thread may call it)."""
+        try:
+            self._send.send(bytes([_POKE]))
+        except BlockingIOError:
+            pass  # already full of wakeups
+
+    def wait(self, timeout_s: float | None) -> set[int]:
+        """Signal numbers (and 0 for a poke) received; empty when the timeout passed."""
+        ready, _, _ = select.select([self._recv], [], [], timeout_s)
+        got: set[int] = set()
+        while ready:
+            try:
+                got.update(self._recv.recv(256))
+            except BlockingIOError:
+                break
+        return got
+
+
+class Fatal:
+    """The first fatal failure of a background thread; wakes the main thread."""
+
+    def __init__(self, wakeups: Wakeups) -> None:
+        self._wakeups = wakeups
+        self._lock = threading.Lock()
+        self.reason = ""
+
+    def __call__(self, reason: str) -> None:
+        with self._lock:
+            if not self.reason:
+                self.reason = reason
+        self._wakeups.poke()
+
+
+def run(settings: DaemonSettings, *, environ: Mapping[str, str]) -> int:
+    """Run until SIGTERM/SIGINT (0) or a fatal background failure (1); our errors
+    while starting propagate (the command edge prints them)."""
+    wakeups = Wakeups()
+    wakeups.install()
+    try:
+        with ExitStack() as stack:
+            return _run(settings, environ, wakeups, stack)
+    except DaemonError:
+        raise
+    except (DriverError, OSError) as exc:  # only starting raises: the loop does not
+        raise DaemonError(f"cannot start: {exc}") from exc
+    finally:
+        wakeups.uninstall()
+
+
+def _run(
+    settings: DaemonSettings, environ: Mapping[str, str], wakeups: Wakeups, stack: ExitStack
+) -> int:
+    # The plugin layer first, so the kubelet finds our sockets before the GPU layer is
+    # imported and the GPUs are discovered (start to registration socket, README).
+    from prometheus_client import CollectorRegistry
+
+    from dra_driver.plugin.app import KubeletPlugin
+    from dra_driver.plugin.healthz import HealthServer
+    from dra_driver.plugin.metrics import exposition
+
+    fatal = Fatal(wakeups)
+    # Stopped in reverse: plugin, health endpoint, driver, then the host (NVML) last.
+    gpu_host_stack = stack.enter_context(ExitStack())
+    backend = LateBackend()
+    stack.callback(backend.close)
+    registry = CollectorRegistry()
+    plugin = KubeletPlugin(
+        settings=settings.plugin,
+        backend=backend,
+        logger=logging.getLogger("dra_driver.plugin"),
+        environ=environ,
+        registry=registry,
+        on_fatal=fatal,
+    )
+    if settings.health_port >= 0:
+        # Before the sockets, so the startup probe answers (503) at once.
+        health = HealthServer(
+            readiness=plugin.readiness,
+            port=settings.health_port,
+            logger=logging.getLogger("dra_driver.plugin"),
+            metrics=exposition(registry) if settings.metrics else None,
+        )
+        health.start()
+        stack.callback(health.stop)
+    stack.callback(plugin.stop, uninstall=settings.uninstall_on_exit)
+    plugin.serve()
+    driver = _gpu_driver(settings, gpu_host_stack, registry)
+    backend.attach(driver)
+    plugin.start()
+    _trim_heap()
+    logger.info(
+        "kubelet plugin running",
+        extra={
+            "node": settings.plugin.node_name,
+            "driver": settings.plugin.driver_name,
+            "devices": len(driver.pool().devices),
+            "emulated": settings.host.emulate or "",
+            "pid": os.getpid(),
+        },
+    )
+    interval = settings.rediscover_interval_s or None
+    next_discovery = time.monotonic() + interval if interval else None
+    while True:
+        timeout = None if next_discovery is None else max(0.0, next_discovery - time.monotonic())
+        got = wakeups.wait(timeout)
+        stop = [s for s in _STOP if s in got]
+        if stop:
+            logger.info("stopping", extra={"signal": signal.Signals(stop[0]).name})
+            return 0
+        if fatal.reason:
+            logger.error("stopping after a fatal failure: %s", fatal.reason)
+            return 1
+        due = next_discovery is not None and time.monotonic() >= next_discovery
+        if signal.SIGHUP in got or due:
+            if driver.refresh():
+                plugin.republish()
+            if interval:
+                next_discovery = time.monotonic() + interval
+
+
+def _gpu_driver(
+    settings: DaemonSettings, stack: ExitStack, registry: CollectorRegistry
+) -> GpuDriver:
+    """The host (real or emulated), discovery, and the driver that finishes whatever a
+    previous process left half done; its metrics go into ``registry``."""
+    import dataclasses
+
+    from dra_driver.commands.discover import gpu_host
+    from dra_driver.gpu.discovery import discover
+    from dra_driver.gpu.driver import GpuDriver
+    from dra_driver.gpu.hostpaths import HostPaths
+    from dra_driver.gpu.metrics import GpuMetrics
+    from dra_driver.gpu.nvml import Nvml
+    from dra_driver.gpu.sharing import GpuTools
+
+    host, node = stack.enter_context(gpu_host(settings.host))
+    gpu = settings.gpu
+    tools = GpuTools.for_host(host)
+    tools = dataclasses.replace(
+        tools,
+        nvidia_smi=gpu.nvidia_smi or tools.nvidia_smi,
+        mps_control=gpu.mps_control or tools.mps_control,
+    )
+    if node is not None:
+        _install_emulated_tools(node.bin_dir, node.host.root / "emulation" / "tools.jsonl")
+
+    gpu_metrics = GpuMetrics(registry)
+
+    def discover_now() -> Inventory:
+        if node is not None:
+            node.sync()
+        return discover(host, logger, nvml=Nvml(observer=gpu_metrics.nvml_call))
+
+    try:
+        gpu.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        gpu.cdi_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise DaemonError(f"cannot start: create {exc.filename}: {exc.strerror}") from exc
+    return GpuDriver(
+        driver_name=settings.plugin.driver_name,
+        discover=discover_now,
+        host=host,
+        cdi_dir=gpu.cdi_dir,
+        state_dir=gpu.state_dir,
+        tools=tools,
+        runtime_host=(
+            HostPaths(root=host.root, driver_root=gpu.host_driver_root)
+            if gpu.host_driver_root is not None
+            else None
+        ),
+        logger=logging.getLogger("dra_driver.gpu"),
+        pool_name=settings.plugin.node_name,
+        taint_degraded=gpu.taint_degraded,
+        health_policy=gpu.health_policy,
+        numa_attribute_form=gpu.numa_attribute_form,
+        nvml_observer=gpu_metrics.nvml_call,
+        health_events=gpu_metrics,
+        usage_interval_s=gpu.usage_interval_s,
+        registry=registry if settings.metrics else None,
+        mig_mode=gpu.mig_mode,
+        consumable=gpu.consumable,
+    )
+
+
+def _trim_heap() -> None:
+    """Give the heap that start-up parsing used (profiles, discovery, imports) back to the
+    kernel: idle RSS is what every GPU node pays for the plugin."""
+    gc.collect()
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
+
+
+class LateBackend:
+    """The GPU driver for the plugin layer, while the driver is still being built.
+
+    The sockets are served before the GPU layer is even imported; until
+    :meth:`attach`, claim calls wait (up to ``wait_s``, below the kubelet's 45 s),
+    readiness names the reason and device health is empty. Every ability of
+    :class:`~dra_driver.gpu.driver.GpuDriver` the plugin layer checks for is
+    forwarded here; a new one must be too.
+    """
+
+    supports_parallel_claims = True
+
+    def __init__(self, wait_s: float = 40.0) -> None:
+        self._wait_s = wait_s
+        self._attached = threading.Event()
+        self._driver: GpuDriver | None = None
+
+    def attach(self, driver: GpuDriver) -> None:
+        self._driver = driver
+        self._attached.set()
+
+    def _get(self) -> GpuDriver:
+        if not self._attached.wait(self._wait_s) or self._driver is None:
+            raise DaemonError(
+                f"the plugin is still starting (discovering GPUs) after {self._wait_s:g}s"
+            )
+        return self._driver
+
+    def close(self) -> None:
+        if self._driver is not None:
+            self._driver.close()
+
+    # DeviceBackend
+    def prepare(self, claim: Claim) -> list[PreparedDevice]:
+        return self._get().prepare(claim)
+
+    def unprepare(self, claim: ClaimRef) -> None:
+        self._get().unprepare(claim)
+
+    def prepared_claims(self) -> list[ClaimRef]:
+        return self._get().prepared_claims()
+
+    def pool(self) -> Pool:
+        return self._get().pool()
+
+    # HealthReporter, StatusReporter, BackgroundWork, DeviceStatusReporter, ClaimUsage
+    def device_health(self) -> list[DeviceHealth]:
+        return self._driver.device_health() if self._driver is not None else []
+
+    def problems(self) -> list[str]:
+        if self._driver is None:
+            return ["starting: discovering GPUs"]
+        return self._driver.problems()
+
+    def start_background(self, notify: Callable[[], None]) -> None:
+        self._get().start_background(notify)
+
+    def stop_background(self) -> None:
+        if self._driver is not None:
+            self._driver.stop_background()
+
+    def device_status(self, devices: Sequence[PreparedDevice]) -> list[DeviceStatus]:
+        return self._get().device_status(devices)
+
+    def watch_claims(self, claims: Callable[[], list[PreparedClaim]]) -> None:
+        self._get().watch_claims(claims)
+
+
+class DaemonError(DriverError):
+    """The daemon cannot start."""
+
+
+def _install_emulated_tools(bin_dir: Path, record: Path) -> None:
+    """Emulated nvidia-smi / MPS control in the emulated driver root, unless already there."""
+    from dra_driver.gpu.emulation import gputools
+
+    smi = bin_dir / gputools.NVIDIA_SMI
+    if smi.exists() and "gputools" in smi.read_text(errors="replace"):
+        return
+    record.parent.mkdir(parents=True, exist_ok=True)
+    gputools.install(bin_dir, record)

@@ -1,0 +1,176 @@
+"""The daemon's settings: grouped, frozen, and validated here, in one place.
+
+``dra-driver kubelet-plugin`` parses flags (and their ``DRA_*`` twins) into an
+``argparse.Namespace``; :func:`daemon_settings` turns that into
+:class:`DaemonSettings` or raises :class:`SettingsError` naming the flag, its
+variable, the bad value and what is allowed. Nothing downstream re-reads a
+flag or the environment: the composition root (:mod:`dra_driver.daemon`)
+hands each group to the component it configures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from dra_driver.envflags import env_name
+from dra_driver.errors import DriverError
+
+if TYPE_CHECKING:
+    from dra_driver.gpu.devices import NumaAttributeForm
+    from dra_driver.gpu.health import HealthPolicy
+    from dra_driver.gpu.partitions import MigMode
+    from dra_driver.gpu.shares import ConsumableGpus
+    from dra_driver.plugin.app import PluginSettings
+
+_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+_SUBDOMAIN = re.compile(rf"^{_LABEL}(\.{_LABEL})*$")
+_UID = re.compile(rf"^{_LABEL}$")
+
+
+class SettingsError(DriverError):
+    """A flag or environment value is invalid; nothing was started."""
+
+    exit_code = 2
+
+
+@dataclass(frozen=True)
+class HostSettings:
+    """Where the host's GPUs and driver are (``discover``, ``slices``, ``kubelet-plugin``)."""
+
+    emulate: str | None
+    """Built-in profile name or profile YAML: emulated GPUs, no NVML needed."""
+    host_root: Path
+    """Where the host's /sys, /proc and /dev are."""
+    driver_root: Path | None
+    """The NVIDIA driver installation; None: found by itself."""
+
+
+@dataclass(frozen=True)
+class GpuSettings:
+    """How claims are prepared on this node's GPUs."""
+
+    cdi_dir: Path
+    state_dir: Path
+    """Checkpoint, MPS daemons and lock files (0700)."""
+    host_driver_root: Path | None
+    """The driver root as the container runtime sees it, if not ``driver_root``."""
+    nvidia_smi: Path | None
+    mps_control: Path | None
+    taint_degraded: bool
+    mig_mode: MigMode
+    """static: the MIG devices that exist; dynamic: created at prepare."""
+    numa_attribute_form: NumaAttributeForm
+    health_policy: HealthPolicy | None
+    """None: no health monitoring (devices are healthy unless degraded)."""
+    usage_interval_s: float
+    """Seconds between per-claim usage samples (with metrics); 0: off."""
+    consumable: ConsumableGpus
+    """Full GPUs published for sharing by many claims (consumable capacity)."""
+
+
+@dataclass(frozen=True)
+class DaemonSettings:
+    host: HostSettings
+    gpu: GpuSettings
+    plugin: PluginSettings
+    health_port: int
+    """-1: no HTTP endpoint; 0: any free port."""
+    rediscover_interval_s: float
+    """0: only on SIGHUP."""
+    uninstall_on_exit: bool
+    metrics: bool
+    """Serve Prometheus ``/metrics`` on the health port."""
+
+
+def _flag(option: str) -> str:
+    return f"--{option} ({env_name(option)})"
+
+
+def _interval(option: str, value: float, low: float, high: float, *, off: bool = False) -> float:
+    if off and value == 0:
+        return 0.0
+    if not math.isfinite(value) or not low <= value <= high:
+        also = "0 (off) or " if off else ""
+        raise SettingsError(
+            f"{_flag(option)} is {value:g}: allowed {also}{low:g} to {high:g} seconds"
+        )
+    return value
+
+
+def host_settings(args: argparse.Namespace) -> HostSettings:
+    return HostSettings(
+        emulate=args.emulate, host_root=args.host_root, driver_root=args.driver_root
+    )
+
+
+def daemon_settings(args: argparse.Namespace) -> DaemonSettings:
+    """Validated settings of ``kubelet-plugin``; raises :class:`SettingsError`."""
+    from dra_driver.commands.observability import health_policy
+    from dra_driver.plugin.app import PluginSettings
+
+    driver, node = args.driver_name, args.node_name
+    if not node:
+        raise SettingsError(f"{_flag('node-name')} is required: this node's name")
+    if len(driver) > 63 or not _SUBDOMAIN.match(driver) or "." not in driver:
+        raise SettingsError(
+            f"{_flag('driver-name')} is {driver!r}: expected a DNS subdomain of at most 63 "
+            "characters with at least one dot, e.g. gpu.nvidia.com"
+        )
+    if len(node) > 253 or not _SUBDOMAIN.match(node):
+        raise SettingsError(
+            f"{_flag('node-name')} is {node!r}: expected a Kubernetes node name "
+            "(lower-case DNS subdomain, at most 253 characters)"
+        )
+    uid = args.rolling_update_uid
+    if uid is not None and (len(uid) > 63 or not _UID.match(uid)):
+        raise SettingsError(
+            f"{_flag('rolling-update-uid')} is {uid!r}: expected a pod UID (lower-case letters, "
+            "digits and '-')"
+        )
+    if not -1 <= args.health_port <= 65535:
+        raise SettingsError(f"{_flag('health-port')} is {args.health_port}: use 1-65535, 0 or -1")
+    if args.context is not None and args.kubeconfig is None:
+        raise SettingsError(
+            f"{_flag('context')} needs {_flag('kubeconfig')}: a context of which file?"
+        )
+    plugin = PluginSettings(
+        driver_name=driver,
+        node_name=node,
+        registry_dir=args.kubelet_registry_dir,
+        plugins_dir=args.kubelet_plugins_dir,
+        rolling_update_uid=uid,
+        health_interval_s=_interval("health-interval", args.health_interval, 1, 300),
+        cleanup_interval_s=_interval("cleanup-interval", args.cleanup_interval, 10, 86400),
+        kubeconfig=args.kubeconfig,
+        kube_context=args.context,
+        claim_status=args.claim_status,
+    )
+    gpu = GpuSettings(
+        cdi_dir=args.cdi_dir,
+        state_dir=args.state_dir or args.kubelet_plugins_dir / driver,
+        host_driver_root=args.host_driver_root,
+        nvidia_smi=args.nvidia_smi,
+        mps_control=args.mps_control,
+        taint_degraded=args.taint_degraded,
+        mig_mode=args.mig_mode,
+        numa_attribute_form=args.numa_attribute_form,
+        health_policy=health_policy(args),
+        usage_interval_s=_interval("usage-interval", args.usage_interval, 0.1, 3600, off=True),
+        consumable=args.consumable_gpus,
+    )
+    return DaemonSettings(
+        host=host_settings(args),
+        gpu=gpu,
+        plugin=plugin,
+        health_port=args.health_port,
+        rediscover_interval_s=_interval(
+            "rediscover-interval", args.rediscover_interval, 5, 86400, off=True
+        ),
+        uninstall_on_exit=args.uninstall_on_exit,
+        metrics=args.metrics,
+    )

@@ -1,0 +1,190 @@
+"""``dra-driver kubelet-plugin`` as a process: signals, fatal failures, an unreadable
+checkpoint. Emulated GPUs, the fake API server over HTTP.
+
+Regression tests for issue 11: D9 (SIGTERM delivered to a thread other than the main
+one was noticed only when the main thread's 300 s wait ran out), D7 (with a corrupt
+checkpoint the plugin stayed live, ready and schedulable), and a crashed background
+thread that only made the pod unready, so the kubelet never restarted it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from dra_driver.devcluster import wait_until
+from tests.plugin.fakes import FakeApiServer
+
+SYS_TGKILL = 234  # x86_64
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Daemon:
+    proc: subprocess.Popen[bytes]
+    work: Path
+    port: int
+    api: FakeApiServer
+
+    @property
+    def log(self) -> str:
+        return (self.work / "plugin.log").read_text(errors="replace")
+
+    def probe(self, path: str) -> tuple[int, dict[str, Any]]:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=5) as r:
+                return r.status, json.loads(r.read())
+        except urllib.error.HTTPError as err:
+            return err.code, json.loads(err.read())
+        except OSError:
+            return 0, {}
+
+    def threads(self) -> list[int]:
+        """Thread IDs other than the main thread's."""
+        return sorted(int(t) for t in os.listdir(f"/proc/{self.proc.pid}/task"))[1:]
+
+    def signal_thread(self, tid: int, signum: int) -> None:
+        libc = ctypes.CDLL(None, use_errno=True)
+        assert libc.syscall(SYS_TGKILL, self.proc.pid, tid, signum) == 0
+
+    def taints(self) -> set[str]:
+        with self.api._lock:
+            slices = list(self.api.slices.values())
+        return {
+            t["key"]
+            for s in slices
+            for d in s["spec"].get("devices", [])
+            for t in d.get("taints", [])
+        }
+
+
+@pytest.fixture
+def api() -> Iterator[FakeApiServer]:
+    with FakeApiServer() as server:
+        server.add_node("node-a")
+        yield server
+
+
+@pytest.fixture
+def start_daemon(api: FakeApiServer) -> Iterator[Any]:
+    started: list[Daemon] = []
+
+    def start(*extra: str, profile: str = "l4-x4", state: str | None = None) -> Daemon:
+        work = Path(tempfile.mkdtemp(prefix="dd-", dir="/tmp"))  # short: socket paths
+        kubeconfig = work / "kubeconfig"
+        kubeconfig.write_text(
+            yaml.safe_dump(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "current-context": "c",
+                    "clusters": [{"name": "c", "cluster": {"server": api.config.server}}],
+                    "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+                    "users": [{"name": "u", "user": {"token": "t"}}],
+                }
+            )
+        )
+        if state is not None:
+            (work / "state").mkdir(mode=0o700)
+            (work / "state" / "checkpoint.json").write_text(state)
+        port = free_port()
+        env = {k: v for k, v in os.environ.items() if not k.startswith("DRA_")}
+        env |= {"DRA_NODE_NAME": "node-a", "DRA_KUBECONFIG": str(kubeconfig)}
+        argv = [sys.executable, "-m", "dra_driver", "kubelet-plugin", f"--emulate={profile}",
+                f"--host-root={work / 'host'}", f"--cdi-dir={work / 'cdi'}",
+                f"--state-dir={work / 'state'}", f"--kubelet-registry-dir={work / 'reg'}",
+                f"--kubelet-plugins-dir={work / 'plugins'}", f"--health-port={port}",
+                *extra]  # fmt: skip
+        with (work / "plugin.log").open("wb") as log:
+            proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
+        daemon = Daemon(proc, work, port, api)
+        started.append(daemon)
+        wait_until(
+            lambda: daemon.probe("/healthz")[0] or proc.poll() is not None,
+            timeout=60,
+            what="health endpoint",
+            describe=lambda: daemon.log[-2000:],
+        )
+        return daemon
+
+    yield start
+    for d in started:
+        if d.proc.poll() is None:
+            d.proc.kill()
+            d.proc.wait()
+
+
+def test_d9_sigterm_to_any_thread_stops_the_daemon_at_once(start_daemon: Any) -> None:
+    daemon = start_daemon("--rediscover-interval=300")
+    wait_until(lambda: daemon.probe("/readyz")[0] == 503 and "publish" in daemon.log, timeout=30,
+               what="plugin running")  # fmt: skip
+    threads = daemon.threads()
+    assert len(threads) >= 5  # gRPC, publisher, cleaner, health: plenty of wrong targets
+    daemon.signal_thread(threads[-1], signal.SIGTERM)
+    start = time.monotonic()
+    assert daemon.proc.wait(timeout=10) == 0, daemon.log[-2000:]
+    assert time.monotonic() - start < 5
+    assert "stopping" in daemon.log and "signal=SIGTERM" in daemon.log
+    assert not (daemon.work / "reg" / "gpu.nvidia.com-reg.sock").exists()
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_d9_stop_signals_before_and_during_start_are_honoured(
+    start_daemon: Any, signum: int
+) -> None:
+    daemon = start_daemon()
+    daemon.proc.send_signal(signum)
+    assert daemon.proc.wait(timeout=10) == 0, daemon.log[-2000:]
+
+
+def test_a_crashed_background_thread_fails_liveness_and_exits_1(
+    start_daemon: Any, api: FakeApiServer
+) -> None:
+    api.nodes["node-a"] = {"kind": "Node"}  # no metadata: slice-sync crashes
+    daemon = start_daemon()
+    assert daemon.proc.wait(timeout=30) == 1, daemon.log[-2000:]
+    assert "stopping after a fatal failure: slice-sync crashed" in daemon.log
+
+
+def test_d7_a_corrupt_checkpoint_makes_the_plugin_unready_and_taints_every_device(
+    start_daemon: Any,
+) -> None:
+    daemon = start_daemon("--rediscover-interval=0", state='{"version": 2, "claims": []}')
+    wait_until(lambda: "gpu.nvidia.com/claim-state" in daemon.taints(), timeout=30,
+               what="claim-state taint", describe=lambda: daemon.log[-2000:])  # fmt: skip
+    code, body = daemon.probe("/readyz")
+    assert code == 503
+    assert any("claim state: checkpoint" in p and "is corrupt" in p for p in body["problems"])
+    assert len(body["devices"]["unhealthy"]) == 4  # every device, on the health stream too
+    assert "checkpoint unreadable" in body["devices"]["unhealthy"][0]["message"]
+    assert daemon.probe("/healthz")[0] == 200  # alive: a restart would not fix the file
+    # The documented recovery, without a restart this time: move the file aside.
+    checkpoint = daemon.work / "state" / "checkpoint.json"
+    checkpoint.rename(checkpoint.with_suffix(".corrupt"))
+    daemon.proc.send_signal(signal.SIGHUP)
+    wait_until(lambda: daemon.taints() == set(), timeout=30, what="taint gone")
+    wait_until(lambda: "claim state" not in json.dumps(daemon.probe("/readyz")[1]), timeout=30,
+               what="no claim-state problem")  # fmt: skip
+    daemon.proc.send_signal(signal.SIGTERM)
+    assert daemon.proc.wait(timeout=10) == 0
