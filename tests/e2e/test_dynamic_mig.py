@@ -1,8 +1,11 @@
-"""Dynamic MIG end to end: a dgx-a100-mig-on node (8 A100s in MIG mode, no instances)
-publishing every profile x placement, pods whose claims the real scheduler packs onto
-partitions, our plugin creating each MIG instance at prepare under the kubelet's own DRA
-code, runc containers that see exactly their MIG device, and the instances destroyed
-when the pods go (also across a plugin killed and restarted while they run)."""
+"""Dynamic MIG on a real node: a dgx-a100-mig-on node (8 A100s in MIG mode, no
+instances) whose plugin runs with the chart's ``migMode: dynamic`` and publishes
+every profile x placement; pods whose claims the real scheduler packs onto
+partitions; the real kubelet preparing them through our plugin, which creates each
+MIG instance at prepare; containerd starting containers that see exactly their new
+MIG device (parent node, the GI and CI capability nodes, the spec's env); the
+instances destroyed and the specs removed when the pods go (also across a plugin
+SIGKILLed and restarted while they run)."""
 
 from __future__ import annotations
 
@@ -14,38 +17,54 @@ from typing import Any
 
 import pytest
 
-from dra_driver.demo.runtime import ContainerRuntime
-from dra_driver.demo.stack import GpuNode, pin_to_node
+from dra_driver.demo.realgpu import RealGpuNode, keep_running
+from dra_driver.demo.stack import load_examples, pin_to_node
 from dra_driver.devcluster import Cluster, wait_until
+from dra_driver.devcluster.binaries import NodeBinaries
 from dra_driver.gpu.emulation import load_profile
 from dra_driver.gpu.emulation.hosttree import ci_cap_minor, gi_cap_minor
 from dra_driver.gpu.emulation.migstate import STATE_FILE, MigState, gi_id_for
-from tests.e2e.conftest import short_tmp, start_node
-from tests.e2e.scenarios import apply_example, claim_name_of, get_claim, gpu_device_nodes, results
+from tests.e2e.conftest import real_gpu_node
+from tests.e2e.scenarios import (
+    EXAMPLES,
+    claim_name_of,
+    container_env,
+    get_claim,
+    gpu_device_nodes,
+    plugin_records,
+    results,
+)
 
 PROFILE = "dgx-a100-mig-on"
+SHOW = "ls /dev/nvidia* /dev/nvidia-caps; env | grep -E '^(NVIDIA|CUDA)_' | sort"
+
+Instances = dict[int, list[tuple[int, str, int, list[int]]]]
 
 
 @pytest.fixture(scope="module")
 def dynamic_node(
-    cluster: Cluster, driver_objects: list[str], kubelet_harness_binary: Path
-) -> Iterator[GpuNode]:
-    with short_tmp("e2e-dynmig") as tmp:
-        node = start_node(
-            cluster, kubelet_harness_binary, tmp, PROFILE, plugin_args=["--mig-mode=dynamic"]
-        )
+    cluster: Cluster, driver_objects: list[str], node_binaries: NodeBinaries, helm_binary: Path
+) -> Iterator[RealGpuNode]:
+    with real_gpu_node(
+        cluster, node_binaries, helm_binary, PROFILE, values={"migMode": "dynamic"}
+    ) as node:
         yield node
-        node.stop()
 
 
-def instances(node: GpuNode) -> dict[int, list[tuple[int, str, int, list[int]]]]:
+def instances(node: RealGpuNode) -> Instances:
     """What the emulated driver holds now (the file every process of the node shares)."""
-    state = MigState(load_profile(PROFILE), path=node.host_root / STATE_FILE)
+    state = MigState(load_profile(PROFILE), path=node.host_root / STATE_FILE, host=None)
     return {
         g.index: [(gi.gi_id, gi.profile.name, gi.start, sorted(gi.cis)) for gi in gis]
         for g in state.profile.gpus
         if (gis := state.gpu_instances(g.index))
     }
+
+
+def wait_instances(node: RealGpuNode, expected: Instances) -> None:
+    wait_until(lambda: instances(node) == expected, timeout=30,
+               what=f"MIG instances {expected}",
+               describe=lambda: f"now: {instances(node)}\n{node.plugin_log_tail()}")  # fmt: skip
 
 
 def mig_pod(namespace: str, name: str, profile: str) -> list[dict[str, Any]]:
@@ -68,7 +87,7 @@ def mig_pod(namespace: str, name: str, profile: str) -> list[dict[str, Any]]:
                 "resourceClaims": [{"name": "mig", "resourceClaimName": name}],
                 "containers": [{
                     "name": "main", "image": "busybox:1.36",
-                    "command": ["sh", "-c", "ls /dev/nvidia* /dev/nvidia-caps"],
+                    "command": ["sh", "-c", SHOW],
                     "resources": {"claims": [{"name": "mig"}]},
                 }],
             },
@@ -76,26 +95,34 @@ def mig_pod(namespace: str, name: str, profile: str) -> list[dict[str, Any]]:
     ]  # fmt: skip
 
 
+def example_1g(namespace: str) -> list[dict[str, Any]]:
+    """deploy/examples/mig-1g.yaml (a 1g.10gb from a template), listing caps too."""
+    objs = load_examples(EXAMPLES / "mig-1g.yaml", namespace)
+    for obj in objs:
+        if obj["kind"] == "Pod":
+            obj["spec"]["containers"][0]["command"] = ["sh", "-c", SHOW]
+    return objs
+
+
 def caps_seen(stdout: str) -> list[str]:
     return sorted({w for w in stdout.split() if w.startswith("nvidia-cap")})
 
 
+def spec_of(node: RealGpuNode, claim_uid: str) -> dict[str, Any]:
+    return node.cdi_specs()[f"k8s.gpu.nvidia.com-claim_{claim_uid}.json"]
+
+
 def test_pods_get_exactly_the_mig_instances_created_for_them(
-    cluster: Cluster,
-    cluster_namespace: str,
-    dynamic_node: GpuNode,
-    container_runtime: ContainerRuntime,
+    cluster: Cluster, cluster_namespace: str, dynamic_node: RealGpuNode
 ) -> None:
     ns, node = cluster_namespace, dynamic_node
     assert len(node.published_devices() or []) == 208
     assert instances(node) == {}
-    apply_example(cluster, node, "mig-1g.yaml", ns)  # 1g.10gb, from a template
-    cluster.apply(pin_to_node(mig_pod(ns, "mig-3g", "3g.40gb"), node.name))
-    runs = {pod: node.run_pod(ns, pod, container_runtime) for pod in ("mig-1g", "mig-3g")}
-    devices = {
-        pod: results(get_claim(cluster, ns, claim_name_of(cluster, ns, pod, "mig")))[0]["device"]
-        for pod in runs
-    }
+    cluster.apply(keep_running(pin_to_node(example_1g(ns), node.name)))
+    cluster.apply(keep_running(pin_to_node(mig_pod(ns, "mig-3g", "3g.40gb"), node.name)))
+    runs = {pod: node.run_pod(ns, pod) for pod in ("mig-1g", "mig-3g")}
+    claims = {pod: get_claim(cluster, ns, claim_name_of(cluster, ns, pod, "mig")) for pod in runs}
+    devices = {pod: results(claim)[0]["device"] for pod, claim in claims.items()}
     # First fit packs both onto GPU 0 (which pod the scheduler takes first varies).
     placed = {pod: int(device.rsplit("-", 1)[1]) for pod, device in devices.items()}
     assert devices["mig-1g"].startswith("gpu-0-mig-1g10gb-19-")
@@ -110,28 +137,59 @@ def test_pods_get_exactly_the_mig_instances_created_for_them(
     assert instances(node) == {0: expected}
     for pod, gi in gis.items():
         out = runs[pod].containers["main"]
-        assert out.returncode == 0, out.stderr
+        assert out.returncode is None, out.stdout  # still running, claim prepared
         assert gpu_device_nodes(out.stdout) == ["/dev/nvidia0"]
-        # Exactly its own GI and CI capabilities: not the other pod's.
-        assert caps_seen(out.stdout) == sorted(
-            [f"nvidia-cap{gi_cap_minor(0, gi)}", f"nvidia-cap{ci_cap_minor(0, gi, 0)}"]
-        ), pod
-    # A plugin killed while the pods run comes back and still knows its instances.
-    seq = node.harness.last_seq()
+        # Exactly its own GI and CI capabilities (created at prepare), not the other pod's.
+        caps = [f"nvidia-cap{gi_cap_minor(0, gi)}", f"nvidia-cap{ci_cap_minor(0, gi, 0)}"]
+        assert caps_seen(out.stdout) == sorted(caps), pod
+        # ... as the spec says, which containerd injected: nodes and env.
+        spec = spec_of(node, claims[pod]["metadata"]["uid"])
+        (device,) = spec["devices"]
+        spec_caps = sorted(
+            n["path"].rsplit("/", 1)[1]
+            for n in device["containerEdits"]["deviceNodes"]
+            if n["path"].startswith("/dev/nvidia-caps/")
+        )
+        assert spec_caps == sorted(caps)
+        env = container_env(out.stdout)
+        want_env = dict(
+            e.split("=", 1)
+            for edits in (spec.get("containerEdits", {}), device["containerEdits"])
+            for e in edits.get("env") or []
+        )
+        assert env == want_env and env["NVIDIA_VISIBLE_DEVICES"] == "void", env
+
+    # A plugin SIGKILLed while the pods run comes back and still knows its instances.
+    registered = node.registrations()
     node.kill_plugin()
-    node.start_plugin()
-    node.harness.wait_registered(node.driver, after_seq=seq, timeout=30)
+    node.start_plugin(pod_uid=node.pod_uid)
+    wait_until(lambda: node.registrations() > registered, timeout=60,
+               what="the real kubelet registered the restarted plugin",
+               describe=node.plugin_log_tail)  # fmt: skip
+    node.wait_ready()
     assert instances(node) == {0: expected}
     assert len(node.wait_published()) == 208  # its own instances change nothing published
+
+    uid_1g = claims["mig-1g"]["metadata"]["uid"]
     node.delete_pod(ns, "mig-1g")
-    assert instances(node) == {0: [(gis["mig-3g"], "3g.40gb", placed["mig-3g"], [0])]}
+    wait_instances(node, {0: [(gis["mig-3g"], "3g.40gb", placed["mig-3g"], [0])]})
+    wait_until(lambda: f"k8s.gpu.nvidia.com-claim_{uid_1g}.json" not in node.cdi_specs(),
+               timeout=30, what="the 1g claim's CDI spec removed")  # fmt: skip
+    assert plugin_records(node, uid_1g, "unprepared")
     node.delete_pod(ns, "mig-3g")
-    assert instances(node) == {}
-    assert node.cdi_specs() == {}
+    wait_instances(node, {})
+    wait_until(lambda: node.cdi_specs() == {}, timeout=30, what="every CDI spec removed")
+    # The freed placements are allocatable again: a new 3g lands where the last one was.
+    cluster.apply(keep_running(pin_to_node(mig_pod(ns, "mig-3g-again", "3g.40gb"), node.name)))
+    node.run_pod(ns, "mig-3g-again")
+    again = results(get_claim(cluster, ns, "mig-3g-again"))[0]["device"]
+    assert again.startswith("gpu-0-mig-3g40gb-9-"), again
+    node.delete_pod(ns, "mig-3g-again")
+    wait_instances(node, {})
 
 
 def test_an_instance_made_by_someone_else_is_worked_around_in_a_new_generation(
-    dynamic_node: GpuNode,
+    dynamic_node: RealGpuNode,
 ) -> None:
     node = dynamic_node
     before = node.slices()
@@ -163,6 +221,8 @@ def test_an_instance_made_by_someone_else_is_worked_around_in_a_new_generation(
     }
     assert "memory-slice-0" not in counters["gpu-7-counter-set"]
     assert len(names) == 208 - 26 + 10
+    # The admin's instance is never touched by us.
+    assert [(gi.gi_id, gi.profile.name) for gi in state.gpu_instances(7)] == [(1, "4g.40gb")]
     state.destroy_gpu_instance(gpu, 1)
     os.kill(pid, signal.SIGHUP)
     wait_until(
