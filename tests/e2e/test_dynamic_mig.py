@@ -228,3 +228,54 @@ def test_an_instance_made_by_someone_else_is_worked_around_in_a_new_generation(
     wait_until(
         lambda: len(node.published_devices() or []) == 208, timeout=30, what="GPU 7 whole again"
     )
+
+
+def gpu_pod(namespace: str, name: str, cel: str) -> list[dict[str, Any]]:
+    objs = mig_pod(namespace, name, "")
+    objs[0]["spec"]["devices"]["requests"][0]["exactly"] = {
+        "deviceClassName": "gpu.nvidia.com", "selectors": [{"cel": {"expression": cel}}]
+    }  # fmt: skip
+    return objs
+
+
+def test_a_mixed_node_runs_mig_and_whole_gpu_pods_side_by_side(
+    cluster: Cluster,
+    cluster_namespace: str,
+    driver_objects: list[str],
+    node_binaries: NodeBinaries,
+    helm_binary: Path,
+) -> None:
+    """h100-l4-mixed (two MIG-mode H100s, one whole H100, two L4s: the shape NVIDIA's
+    driver is reported to break on): one dynamic instance and one L4 run at once."""
+    ns = cluster_namespace
+    with real_gpu_node(
+        cluster, node_binaries, helm_binary, "h100-l4-mixed", values={"migMode": "dynamic"}
+    ) as node:
+        assert len(node.published_devices() or []) == 2 * 26 + 3
+        state = MigState(load_profile("h100-l4-mixed"), path=node.host_root / STATE_FILE, host=None)
+        l4 = "device.attributes['gpu.nvidia.com'].productName == 'NVIDIA L4'"
+        objs = mig_pod(ns, "h100-1g", "1g.10gb") + gpu_pod(ns, "l4", l4)
+        cluster.apply(keep_running(pin_to_node(objs, node.name)))
+        runs = {pod: node.run_pod(ns, pod) for pod in ("h100-1g", "l4")}
+        (mig,) = results(get_claim(cluster, ns, "h100-1g"))
+        (whole,) = results(get_claim(cluster, ns, "l4"))
+        assert mig["device"].startswith("gpu-0-mig-1g10gb-19-"), mig
+        assert whole["device"] in {"gpu-3", "gpu-4"}, whole
+        start = int(mig["device"].rsplit("-", 1)[1])
+        gi = gi_id_for(start, 1)
+        assert [(g.gi_id, g.profile.name, g.start) for g in state.gpu_instances(0)] == [
+            (gi, "1g.10gb", start)
+        ]
+        assert all(not state.gpu_instances(i) for i in range(1, 5))
+        mig_out = runs["h100-1g"].containers["main"].stdout
+        assert gpu_device_nodes(mig_out) == ["/dev/nvidia0"]
+        assert caps_seen(mig_out) == sorted(
+            [f"nvidia-cap{gi_cap_minor(0, gi)}", f"nvidia-cap{ci_cap_minor(0, gi, 0)}"]
+        )
+        l4_out = runs["l4"].containers["main"].stdout
+        assert gpu_device_nodes(l4_out) == [f"/dev/nvidia{whole['device'].removeprefix('gpu-')}"]
+        assert caps_seen(l4_out) == []
+        for pod in runs:
+            node.delete_pod(ns, pod)
+        wait_until(lambda: not state.gpu_instances(0), timeout=30, what="the H100 instance gone")
+        wait_until(lambda: node.cdi_specs() == {}, timeout=30, what="every CDI spec removed")
