@@ -45,6 +45,7 @@ def test_lint_strict_passes(helm: Path) -> None:
     ("setting", "field"),
     [
         ("emulate=dgx-a101", "emulate"),
+        ("emulate=profiles/h100.yaml", "emulate"),  # a profile file by absolute path only
         ("migMode=auto", "migMode"),
         ("healthPort=0", "healthPort"),
         ("kubeletRootDir=var/lib/kubelet", "kubeletRootDir"),
