@@ -1,8 +1,9 @@
 """Full-stack fixtures. The real node: kubelet and containerd (built from Go
 modules) with our plugin run from the chart (``real_a100``, :func:`real_gpu_node`).
 The Go kubelet harness (the kubelet's DRA code without a runtime) with the CDI
-library and runc, kept for what the real node cannot show (``a100_node``) and for
-the scenarios not yet moved to the real node (dynamic MIG, shares, extended
+library and runc, kept for what the real node cannot show (``a100_node``: one
+NodePrepareResources call per pod; test_shares_sigkill: the state before any
+kubelet retry) and for the scenarios not yet moved to the real node (extended
 resources, observability: :func:`start_node`).
 Missing pieces fail the tests; nothing is skipped."""
 
