@@ -145,8 +145,8 @@ def _proc_stat(pid: int) -> dict[str, float]:
 
 def _slice_devices(cluster: Any, plugin: Plugin) -> int:
     selector = f"spec.nodeName={plugin.node},spec.driver={plugin.driver}"
-    items = cluster.rest.request(
-        "GET", f"/apis/resource.k8s.io/v1/resourceslices?fieldSelector={selector}"
+    items = cluster.rest.get(
+        "/apis/resource.k8s.io/v1/resourceslices", query={"fieldSelector": selector}
     ).get("items", [])
     return sum(len(s["spec"].get("devices") or []) for s in items)
 
