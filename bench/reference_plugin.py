@@ -151,6 +151,20 @@ def _slice_devices(cluster: Any, plugin: Plugin) -> int:
     return sum(len(s["spec"].get("devices") or []) for s in items)
 
 
+def _delete_slices(cluster: Any, plugin: Plugin) -> None:
+    """The previous trial's slices: without this, "start to all slices" of every trial
+    after the first measured nothing (the old slices were already there)."""
+    selector = f"spec.nodeName={plugin.node},spec.driver={plugin.driver}"
+    cluster.rest.request(
+        "DELETE", "/apis/resource.k8s.io/v1/resourceslices", query={"fieldSelector": selector}
+    )
+    deadline = time.monotonic() + 30
+    while _slice_devices(cluster, plugin):
+        if time.monotonic() > deadline:
+            raise SystemExit(f"slices of {plugin.node} not deleted in 30 s")
+        time.sleep(0.05)
+
+
 def _wait(check: Callable[[], bool], proc: subprocess.Popen[bytes], what: str) -> float:
     start = time.perf_counter()
     while not check():
@@ -174,6 +188,7 @@ def trial(
     cluster: Any, plugin: Plugin, claims: list[Any], work: Path, cycles: int
 ) -> dict[str, Any]:
     _fresh(work)
+    _delete_slices(cluster, plugin)
     registration = work / "registry" / f"{plugin.driver}-reg.sock"
     log = (work / f"{plugin.label}.log").open("ab")
     t0 = time.perf_counter()
