@@ -38,6 +38,7 @@ from dra_driver.demo.stack import DRIVER, RESOURCE_API, node_bound_kubeconfig
 from dra_driver.devcluster import Cluster, wait_until
 from dra_driver.devcluster.api import ApiError, JsonObject
 from dra_driver.devcluster.node import RealNode, parse_cri_log
+from dra_driver.devcluster.processes import terminate
 from dra_driver.gpu.emulation.hosttree import DRIVER_ROOT
 
 POD_DRIVER_ROOT = "/driver-root"
@@ -174,15 +175,8 @@ class RealGpuNode:
             self._plugin.wait()
 
     def stop_plugin(self, grace: float = 15.0) -> None:
-        proc = self._plugin
-        if proc is None or proc.poll() is not None:
-            return
-        os.kill(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
-            os.kill(proc.pid, signal.SIGKILL)
-            proc.wait()
+        if self._plugin is not None:
+            terminate(self._plugin, grace, "kubelet plugin")
 
     def probe(self, path: str) -> int:
         """What the chart's httpGet probe on the health port sees (HTTP status, 0 = down)."""

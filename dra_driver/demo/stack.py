@@ -30,6 +30,7 @@ from dra_driver.demo.runtime import ContainerRun, ContainerRuntime
 from dra_driver.devcluster import Cluster, wait_until
 from dra_driver.devcluster.api import JsonObject
 from dra_driver.devcluster.kubeconfig import write_kubeconfig
+from dra_driver.devcluster.processes import terminate
 
 logger = logging.getLogger(__name__)
 
@@ -230,15 +231,8 @@ class GpuNode:
             proc.wait()
 
     def stop_plugin(self, grace: float = 15.0) -> None:
-        proc = self._plugin
-        if proc is None or proc.poll() is not None:
-            return
-        os.kill(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
-            os.kill(proc.pid, signal.SIGKILL)
-            proc.wait()
+        if self._plugin is not None:
+            terminate(self._plugin, grace, "kubelet plugin")
 
     def stop(self) -> None:
         """Unprepare what is still prepared (MPS daemons, mounts, CDI specs would

@@ -72,6 +72,22 @@ def http_ok(url: str, context: ssl.SSLContext | None, timeout: float = 2.0) -> t
         return False, str(err)
 
 
+def terminate(proc: subprocess.Popen[bytes], grace: float, what: str) -> None:
+    """SIGTERM by PID, wait ``grace`` seconds, then SIGKILL: a process that ignores
+    SIGTERM must not outlive the run."""
+    if proc.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        logger.warning("process ignored SIGTERM, killing", extra={"what": what, "pid": proc.pid})
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
 class Component:
     """One control-plane process with its log file."""
 
@@ -135,21 +151,8 @@ class Component:
 
     def stop(self, grace: float = 10.0) -> None:
         """SIGTERM by PID, wait ``grace`` seconds, then SIGKILL."""
-        proc = self._proc
-        if proc is None or proc.poll() is not None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
-            logger.warning(
-                "component ignored SIGTERM, killing",
-                extra={"component": self.name, "pid": proc.pid},
-            )
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(proc.pid, signal.SIGKILL)
-            proc.wait()
+        if self._proc is not None:
+            terminate(self._proc, grace, self.name)
 
     def log_tail(self, lines: int = 40) -> str:
         """The last ``lines`` lines of the log, headed by the component name and path."""
