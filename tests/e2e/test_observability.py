@@ -1,10 +1,12 @@
-"""What operators see of a running claim, through the whole stack (real scheduler, the
-kubelet's DRA code, our plugin as a process on an emulated node):
+"""What operators see of a running claim on a real node (real scheduler, kubelet and
+containerd; our plugin with the chart's args, health and usage intervals from its values):
 
 - the claim's ``status.devices`` (KEP-4817): our device with its GPU UUID and the Ready and
   Healthy conditions, Healthy turning False on an Xid, the entry removed at unprepare;
-- ``/metrics``: prepare/unprepare latency, per-claim GPU usage labelled by namespace, claim,
-  pod and device (processes mapped to the pod through their cgroup), gone after release;
+- ``/metrics`` on the chart's health port: prepare/unprepare latency, per-claim GPU usage
+  labelled by namespace, claim, pod and device, gone after release. The pod's process is
+  the container's real one: its ``/proc/<pid>/cgroup`` as the real kubelet and containerd
+  laid it out (cgroupfs driver here) is what the plugin maps to the pod;
 - ``dra-driver report`` reading that endpoint.
 """
 
@@ -21,35 +23,26 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from dra_driver.demo.stack import RESOURCE_API, GpuNode, pin_to_node
+from dra_driver.demo.realgpu import RealGpuNode, keep_running
+from dra_driver.demo.stack import RESOURCE_API, pin_to_node
 from dra_driver.devcluster import Cluster, wait_until
+from dra_driver.devcluster.binaries import NodeBinaries
 from dra_driver.gpu.emulation import EmulatedNode
-from tests.e2e.conftest import short_tmp, start_node
+from tests.e2e.conftest import real_gpu_node
 
-ARGS = ["--health-port=0", "--usage-interval=0.3", "--health-check-interval=0.3",
-        "--healthy-period=60"]  # fmt: skip
+VALUES = {
+    "health.checkIntervalSeconds": "1",
+    "health.healthyPeriodSeconds": "60",
+    "metrics.usageIntervalSeconds": "1",
+}
 
 
 @pytest.fixture(scope="module")
 def node(
-    cluster: Cluster, driver_objects: list[str], kubelet_harness_binary: Path
-) -> Iterator[GpuNode]:
-    with short_tmp("e2e-obs") as tmp:
-        n = start_node(
-            cluster, kubelet_harness_binary, tmp, "l4-x4", prefix="obs", plugin_args=ARGS
-        )
+    cluster: Cluster, driver_objects: list[str], node_binaries: NodeBinaries, helm_binary: Path
+) -> Iterator[RealGpuNode]:
+    with real_gpu_node(cluster, node_binaries, helm_binary, "l4-x4", values=VALUES) as n:
         yield n
-        n.stop()
-
-
-def metrics_port(node: GpuNode) -> int:
-    def port() -> int | None:
-        for r in node.plugin_log_records():
-            if r.get("msg") == "health endpoint listening":
-                return int(r["port"])
-        return None
-
-    return wait_until(port, timeout=30, what="the plugin's health port in its log")
 
 
 def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -67,25 +60,37 @@ def claim_status(cluster: Cluster, ns: str, name: str) -> list[dict[str, Any]]:
     return list((claim.get("status") or {}).get("devices") or [])
 
 
+def container_pid(node: RealGpuNode, ns: str, pod: str) -> int:
+    """Host PID of the pod's running container (containerd's task)."""
+    (status,) = node.pod(ns, pod)["status"]["containerStatuses"]
+    container = status["containerID"].split("//", 1)[1]
+    for line in node.node.ctr("tasks", "ls").stdout.splitlines()[1:]:
+        task, pid, state = line.split()[:3]
+        if task == container and state == "RUNNING":
+            return int(pid)
+    raise AssertionError(f"no running task for {ns}/{pod} ({container})")
+
+
 def test_claim_status_usage_metrics_and_report_follow_a_pod(
-    cluster: Cluster, cluster_namespace: str, node: GpuNode
+    cluster: Cluster, cluster_namespace: str, node: RealGpuNode
 ) -> None:
     ns = cluster_namespace
     cluster.apply({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
                    "metadata": {"name": "watched", "namespace": ns},
                    "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
                        "deviceClassName": "gpu.nvidia.com"}}]}}})  # fmt: skip
-    cluster.apply(pin_to_node([{
+    cluster.apply(keep_running(pin_to_node([{
         "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "worker", "namespace": ns},
         "spec": {"restartPolicy": "Never",
                  "resourceClaims": [{"name": "gpu", "resourceClaimName": "watched"}],
                  "containers": [{"name": "main", "image": "busybox:1.36",
+                                 "command": ["sh", "-c", "true"],
                                  "resources": {"claims": [{"name": "gpu"}]}}]},
-    }], node.name))  # fmt: skip
-    run = node.run_pod(ns, "worker", None)
+    }], node.name)))  # fmt: skip
+    run = node.run_pod(ns, "worker")
     claim = cluster.rest.get(f"{RESOURCE_API}/namespaces/{ns}/resourceclaims/watched")
     (result,) = claim["status"]["allocation"]["devices"]["results"]
-    device = result["device"]
+    device, uid = result["device"], claim["metadata"]["uid"]
     emulated = EmulatedNode.create("l4-x4", node.host_root)  # the node's GPUs, seen from here
     gpu_index, gpu = next((i, g) for i, g in enumerate(emulated.profile.gpus)
                           if f"gpu-{g.minor}" == device)  # fmt: skip
@@ -100,18 +105,25 @@ def test_claim_status_usage_metrics_and_report_follow_a_pod(
     )
     assert entry["data"]["uuid"] == gpu.uuid == entry["data"]["cudaVisibleDevices"]
     assert entry["data"]["pciBusID"] == gpu.bus_id
-    assert entry["data"]["cdiDeviceIDs"] == list(run.prepared.containers["main"].cdi_devices)
+    (spec,) = node.cdi_specs().values()
+    assert entry["data"]["cdiDeviceIDs"] == [f"{spec['kind']}={uid}-{device}"]
     conditions = {c["type"]: c for c in entry["conditions"]}
     assert conditions["Ready"]["status"] == "True" and conditions["Healthy"]["status"] == "True"
 
-    # Per-claim usage: two processes in the pod's cgroup, one of another tenant.
-    pod_uid = run.prepared.pod_uid
+    # Per-claim usage: the container's real process and one in the pod's cgroup, and one
+    # of another tenant. The real one's cgroup file is the kernel's, as the kubelet made it.
+    pid = container_pid(node, ns, "worker")
+    real_cgroup = Path(f"/proc/{pid}/cgroup").read_text()
+    assert run.uid.replace("-", "_") in real_cgroup or run.uid in real_cgroup, real_cgroup
     emulated.set_processes(gpu_index, [
-        {"pid": 4101, "usedMiB": 2048, "smUtil": 7},
+        {"pid": pid, "usedMiB": 2048, "smUtil": 7},
         {"pid": 4102, "usedMiB": 1024, "smUtil": 3},
         {"pid": 4200, "usedMiB": 512, "smUtil": 50},
-    ], pods={4101: pod_uid, 4102: pod_uid})  # fmt: skip
-    port = metrics_port(node)
+    ], pods={4102: run.uid})  # fmt: skip
+    emulated_cgroup = node.host_root / "proc" / str(pid) / "cgroup"
+    emulated_cgroup.unlink()
+    emulated_cgroup.write_text(real_cgroup)
+    port = node.health_port
     labels = {"namespace": ns, "claim": "watched", "pod": "worker", "device": device}
     key = ("dra_driver_claim_gpu_utilization_ratio", tuple(sorted(labels.items())))
 
