@@ -1,10 +1,10 @@
 """Full-stack fixtures. The real node: kubelet and containerd (built from Go
 modules) with our plugin run from the chart (``real_a100``, :func:`real_gpu_node`).
 The Go kubelet harness (the kubelet's DRA code without a runtime) with the CDI
-library and runc, kept for what the real node cannot show (``a100_node``: one
-NodePrepareResources call per pod; test_shares_sigkill: the state before any
-kubelet retry) and for the scenarios not yet moved to the real node (extended
-resources, observability: :func:`start_node`).
+library and runc, kept only for what the real node cannot show: one
+NodePrepareResources call per pod for all its claims (``a100_node``,
+test_kubelet_code) and the state a plugin killed mid share prepare/unprepare
+leaves before any kubelet retry (test_shares_sigkill).
 Missing pieces fail the tests; nothing is skipped."""
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """What only the Go kubelet harness (the kubelet's DRA manager and plugin
-manager, without a container runtime) can show; the scenarios of test_claims,
-test_gpu_pod, test_mig, test_restarts, test_upgrade, test_dynamic_mig and
-test_shares run on the real node. test_shares_sigkill stays on the harness (it
-says why); test_extended_resource and test_observability still use it: they came
-before the real node and have not moved yet.
+manager, without a container runtime) can show; every other e2e scenario with pods
+runs on the real node, except test_shares_sigkill, which stays on the harness (it
+says why).
 
 The harness runs the kubelet's DRA code at -v=4, where it logs each
 NodePrepareResources call with its claims: that is how we see that all claims
