@@ -94,13 +94,24 @@ CLAIMS: dict[str, Claim] = {
         devices=[("ts", "gpu-8"), ("mps", "gpu-9"), ("mps", "gpu-10")],
         configs=[_ts("Medium", "ts"), _mps(30, "mps")],
     ),
-    # Consumable shares of gpu-2, each with its own MPS daemon; the GPU is
+    # Enforced consumable shares of gpu-2, each with its own MPS daemon; the GPU is
     # EXCLUSIVE_PROCESS while any is prepared (a shared resource of all three).
     **{
         f"share-{i}": share_claim(
             _uid(0x10 + i), name=f"share-{i}", memory="20Gi", compute=str(10 * i)
         )
         for i in (1, 2, 3)
+    },
+    # Advisory (time-sliced) shares of gpu-6: the GPU stays DEFAULT.
+    **{
+        f"ts-share-{i}": share_claim(
+            _uid(0x20 + i),
+            name=f"ts-share-{i}",
+            device="gpu-6",
+            memory="30Gi",
+            configs=[_ts("Default")],
+        )
+        for i in (1, 2)
     },
 }
 

@@ -1,9 +1,10 @@
 """Seeded chaos: hundreds of prepare and unprepare calls on an emulated 12-GPU node with
 slow tools (exclusive, time-slicing, MPS, both in one claim, enforced MPS shares of one
-GPU), a plugin process SIGKILLed with its tools at random points of calls and of its
-start-up recovery, and restarted at random. After every call and every restart, what
-runs on the node is what the checkpoint says; at the end every claim is unprepared and
-nothing is left: no spec, entry, daemon, directory, mount, temp file or GPU setting.
+GPU, time-sliced shares of another), a plugin process SIGKILLed with its tools at random
+points of calls and of its start-up recovery, and restarted at random. After every call
+and every restart, what runs on the node is what the checkpoint says; at the end every
+claim is unprepared and nothing is left: no spec, entry, daemon, directory, mount, temp
+file or GPU setting.
 
 ``DRA_CHAOS_SEED=<n>`` repeats a run (the seed is in every failure message; without it
 each run draws a new one), ``DRA_CHAOS_OPS=<n>`` sets the number of calls (300).
@@ -182,7 +183,8 @@ def assert_consistent(node: Node, record: ToolRecord, model: dict[str, str]) -> 
         k: "Ready" for u in units for k in u["shared"]
     }
     exclusive = {g for u in units for g in u["record"].get("exclusive", ())}
-    exclusive |= {v["record"]["gpu"] for v in shared.values()}
+    exclusive |= {v["record"]["gpu"] for v in shared.values()
+                  if v["record"]["computeMode"] == "EXCLUSIVE_PROCESS"}  # fmt: skip
     timeslices = {u["record"]["gpu"]: str(u["record"]["timeslice"]) for u in units
                   if u["strategy"] == "TimeSlicing"}  # fmt: skip
     for gpu in node.inventory.gpus:
