@@ -227,6 +227,48 @@ def decode(raw: object) -> Checkpoint:
     )
 
 
+def copy_checkpoint(cp: Checkpoint) -> Checkpoint:
+    """A copy whose every part callers change is new (the checkpoint, its dicts, each
+    entry and its lists, each device record); a fraction of the cost of decoding.
+
+    Shared with the original: the frozen :class:`Unit` objects and the JSON values
+    under ``extra``/``record``, which nothing changes in place (they are replaced)."""
+    return Checkpoint(
+        boot_id=cp.boot_id,
+        claims={uid: _copy_claim(e) for uid, e in cp.claims.items()},
+        shared={
+            k: SharedEntry(s.strategy, s.state, dict(s.record), dict(s.extra))
+            for k, s in cp.shared.items()
+        },
+        extra=dict(cp.extra),
+    )
+
+
+def _copy_claim(e: ClaimEntry) -> ClaimEntry:
+    return ClaimEntry(
+        state=e.state,
+        namespace=e.namespace,
+        name=e.name,
+        devices=[
+            DeviceRecord(
+                d.request,
+                d.pool,
+                d.device,
+                d.admin_access,
+                d.share_id,
+                dict(d.consumed_capacity),
+                d.cdi_device_ids,
+                dict(d.extra),
+            )
+            for d in e.devices
+        ],
+        units=list(e.units),
+        error=e.error,
+        extra=dict(e.extra),
+        unit_extras=[dict(x) for x in e.unit_extras],
+    )
+
+
 # -- encoding -------------------------------------------------------------------------
 
 

@@ -43,6 +43,7 @@ from dra_driver.gpu.checkpoint import (
     Checkpoint,
     CheckpointCorruptError,
     CheckpointError,
+    copy_checkpoint,
     decode,
     encode,
     migrate_v1,
@@ -80,6 +81,8 @@ class CheckpointStore:
         self._lock_timeout_s = lock_timeout_s
         self._locks = NodeLocks(state_dir)
         self._on_problem = on_problem
+        self._last: tuple[bytes, Checkpoint] | None = None
+        """The bytes last decoded and their checkpoint, never handed out (copies are)."""
         self.problem = ""
         """Why the file cannot be used ("" when it can), as of the last read."""
 
@@ -122,28 +125,16 @@ class CheckpointStore:
     def _load(self) -> Loaded:
         boot_id = self.boot_id()
         try:
-            st = self.path.stat()
-            text = self.path.read_text()
+            with open(self.path, "rb") as fh:
+                data = fh.read()
         except FileNotFoundError:
             return Loaded(Checkpoint(boot_id=boot_id))
         except OSError as exc:
             raise CheckpointError(f"read {self.path}: {exc.strerror}") from exc
         try:
-            raw = json.loads(text)
-            if not isinstance(raw, dict):
-                raise CheckpointCorruptError("the top level is not a JSON object")
-            version = raw.get("version")
-            if not isinstance(version, int) or isinstance(version, bool) or version < 1:
-                raise CheckpointCorruptError(f"'version' is {version!r}, expected 1 or 2")
-            if version > VERSION:
-                raise CheckpointError(
-                    f"{self.path} has version {version}, written by a newer incompatible "
-                    f"plugin; this plugin reads versions 1 and {VERSION}. Roll forward, or "
-                    "move the file aside."
-                )
-            checkpoint = decode(migrate_v1(raw) if version == 1 else raw)
+            checkpoint = self._decode(data)
         except (ValueError, CheckpointCorruptError) as exc:
-            if self._written_before_boot(st.st_mtime):
+            if self._written_before_boot():
                 self._log.warning(
                     "checkpoint %s from before this boot is unreadable (%s); discarding it",
                     self.path,
@@ -170,8 +161,36 @@ class CheckpointStore:
             if self._on_problem is not None:
                 self._on_problem()
 
-    def _written_before_boot(self, mtime: float) -> bool:
+    def _decode(self, data: bytes) -> Checkpoint:
+        """The file's content as a checkpoint the caller may change.
+
+        A call or two of every prepare and unprepare find the bytes the previous one
+        read (nothing was written in between): those are not parsed again, a copy of
+        the last result is returned. Only identical bytes count, never a timestamp
+        (coarse) or an inode (reused). Called under the lock, so one caller at a time."""
+        if self._last is not None and self._last[0] == data:
+            return copy_checkpoint(self._last[1])
+        raw = json.loads(data)
+        if not isinstance(raw, dict):
+            raise CheckpointCorruptError("the top level is not a JSON object")
+        version = raw.get("version")
+        if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+            raise CheckpointCorruptError(f"'version' is {version!r}, expected 1 or 2")
+        if version > VERSION:
+            raise CheckpointError(
+                f"{self.path} has version {version}, written by a newer incompatible "
+                f"plugin; this plugin reads versions 1 and {VERSION}. Roll forward, or "
+                "move the file aside."
+            )
+        checkpoint = decode(migrate_v1(raw) if version == 1 else raw)
+        self._last = (data, copy_checkpoint(checkpoint))
+        return checkpoint
+
+    def _written_before_boot(self) -> bool:
+        """The unreadable file was last changed before this boot (stat now: the lock is
+        held, so it is the file just read)."""
         try:
+            mtime = self.path.stat().st_mtime
             uptime = float(self._uptime_path.read_text().split()[0])
         except (OSError, ValueError, IndexError):
             return False

@@ -12,10 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from dra_driver.gpu.checkpoint import CheckpointError
+from dra_driver.gpu.checkpoint import CheckpointError, SharedEntry
 from dra_driver.gpu.mpsdaemons import MpsDaemons
 from dra_driver.gpu.sharing import GpuCommands
 from dra_driver.gpu.statefile import CheckpointStore
+from dra_driver.gpu.strategies.base import Unit
 from dra_driver.plugin.backend import PrepareError
 from dra_driver.plugin.claims import ClaimRef
 from tests.prepare.hosttree import Node, claim
@@ -230,3 +231,39 @@ def test_a_torn_file_from_before_this_boot_is_discarded_not_reported_corrupt(
     path.write_text("{not json")  # torn in this boot: that is corruption
     with pytest.raises(PrepareError, match="is corrupt"):
         p.prepare(claim())
+
+
+def test_an_unchanged_file_is_not_decoded_again_and_changes_never_leak_into_the_next_read(
+    node: Node,
+) -> None:
+    """The store reuses the last decoded checkpoint when the bytes read are identical:
+    a caller's changes that were not saved must not show up in the next read, and a
+    rewrite by another process of the same size within the same timestamp tick must."""
+    p = node.preparer()
+    p.prepare(claim())
+    store = CheckpointStore(
+        state_dir=node.state_dir, proc_dir=node.host.proc(), logger=logging.getLogger("test")
+    )
+    with store.transaction() as loaded:
+        entry = loaded.checkpoint.claims[UID]
+        entry.state = "Unpreparing"
+        entry.error = "not saved"
+        entry.devices[0].extra["x"] = 1
+        entry.units.append(Unit("TimeSlicing", ("gpu-0",)))
+        loaded.checkpoint.shared["gpu-0/mps"] = SharedEntry("MPS", "Ready")
+        del loaded.checkpoint.claims[UID]
+    with store.transaction() as loaded:
+        again = loaded.checkpoint.claims[UID]
+        assert (again.state, again.error, again.devices[0].extra) == ("Prepared", "", {})
+        assert again.units == [] and loaded.checkpoint.shared == {}
+    path = node.state_dir / "checkpoint.json"
+    stat = path.stat()
+    data = path.read_bytes()
+    path.write_bytes(data.replace(b'"name":"c1"', b'"name":"c2"', 1))
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert path.stat().st_size == stat.st_size
+    with store.transaction() as loaded:
+        assert loaded.checkpoint.claims[UID].name == "c2"
+    path.write_text("{")  # and an unreadable file is reported, not the last good one
+    with pytest.raises(CheckpointError, match="corrupt"), store.transaction():
+        pass
