@@ -17,7 +17,6 @@ from dra_driver.gpu.inventory import Gpu, Inventory, MigInstance
 from dra_driver.gpu.naming import devices_by_name, gpu_name_of
 from dra_driver.gpu.partitions import MigPartition
 from dra_driver.gpu.strategies.base import (
-    DeviceCatalog,
     SharedResources,
     SharingStrategy,
     Strategies,
@@ -65,10 +64,8 @@ def known_devices(
     """Every device name a claim may hold here: the inventory's, then the ones strategies
     create at prepare (:class:`DeviceCatalog`), which win for a shared name."""
     known: dict[str, Gpu | MigInstance | MigPartition] = dict(devices_by_name(inventory))
-    for strategy in strategies:
-        name = strategy.name
-        if isinstance(strategy, DeviceCatalog):
-            known.update(strategy.devices(inventory, [u for u in recorded if u.strategy == name]))
+    for name, catalog in strategies.catalogs():
+        known.update(catalog.devices(inventory, [u for u in recorded if u.strategy == name]))
     return known
 
 

@@ -63,7 +63,6 @@ from dra_driver.gpu.sharing import GpuCommands, GpuTools
 from dra_driver.gpu.statefile import CheckpointStore, Loaded
 from dra_driver.gpu.strategies import builtin
 from dra_driver.gpu.strategies.base import (
-    DeviceCatalog,
     SharedResources,
     SharingStrategy,
     Strategies,
@@ -141,7 +140,7 @@ class ClaimPreparer:
             if strategies is not None
             else builtin(commands, daemons, inventory, mig_instances)
         )
-        self._catalogs = any(isinstance(st, DeviceCatalog) for st in self._strategies)
+        self._catalogs = bool(self._strategies.catalogs())
         self._on_step = on_step or (lambda _name: None)
         self._specs = ClaimSpecs(kind=self.kind, host=host, runtime_host=runtime_host)
 

@@ -193,12 +193,19 @@ class Strategies:
         self._by_name = {s.name: s for s in self._all}
         if len(self._by_name) != len(self._all):
             raise ValueError("two strategies with the same name")
+        # Once: isinstance against a runtime-checkable protocol inspects the class each
+        # time (5 % of a prepare's CPU when it ran per claim).
+        self._catalogs = tuple((s.name, s) for s in self._all if isinstance(s, DeviceCatalog))
 
     def __iter__(self) -> Any:
         return iter(self._all)
 
     def get(self, name: str) -> SharingStrategy | None:
         return self._by_name.get(name)
+
+    def catalogs(self) -> tuple[tuple[str, DeviceCatalog], ...]:
+        """Name and strategy of those that create devices at prepare (:class:`DeviceCatalog`)."""
+        return self._catalogs
 
     def decoders(self) -> dict[str, SharingDecoder]:
         """``sharing.strategy`` value -> settings decoder, in registration order."""
