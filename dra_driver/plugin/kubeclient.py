@@ -2,7 +2,8 @@
 
 Why not ``kubernetes.client``: importing it loads every generated model (about
 37 MB and 0.6 s, see docs/footprint.md) in a daemon that runs on every GPU node.
-This module speaks plain JSON dicts over a pooled ``urllib3`` connection; the
+This module speaks plain JSON dicts over a pooled ``urllib3`` connection (imported at
+the first request, after a daemon's sockets are up); the
 credentials (:mod:`dra_driver.plugin.kubecreds`: kubeconfig lists and contexts,
 certificates, tokens, exec plugins, in-cluster) are followed as they rotate: a
 changed client certificate file or exec certificate opens new connections, and
@@ -26,10 +27,8 @@ import threading
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlencode
-
-import urllib3
 
 from dra_driver.plugin.kubecreds import (
     IN_CLUSTER_SA_DIR,
@@ -40,6 +39,9 @@ from dra_driver.plugin.kubecreds import (
     load_in_cluster,
     load_kubeconfig,
 )
+
+if TYPE_CHECKING:
+    import urllib3
 
 __all__ = [
     "IN_CLUSTER_SA_DIR",
@@ -129,14 +131,29 @@ class KubeClient:
             cred = self._exec.credential()
             if cred.cert_pem:
                 self._cert_pems = (cred.cert_pem, cred.key_pem)
-        self._http = self._pool()
+        self._ssl = _ssl_context(config, *self._cert_pems)  # bad TLS material fails here
+        self._pool_now: urllib3.PoolManager | None = None
+
+    @property
+    def _http(self) -> urllib3.PoolManager:
+        """The connection pool, made at the first request: ``urllib3`` (and what it
+        imports) loads then, not while a daemon is still putting its sockets up."""
+        pool = self._pool_now
+        if pool is None:
+            with self._cert_lock:
+                if self._pool_now is None:
+                    self._pool_now = self._pool()
+                pool = self._pool_now
+        return pool
 
     def _pool(self) -> urllib3.PoolManager:
+        import urllib3
+
         return urllib3.PoolManager(
             num_pools=2,
             maxsize=self._pool_size,
             block=False,
-            ssl_context=_ssl_context(self._config, *self._cert_pems),
+            ssl_context=self._ssl,
             retries=False,
         )
 
@@ -146,8 +163,10 @@ class KubeClient:
             if pems == self._cert_pems:
                 return
             self._cert_pems = pems
-            old, self._http = self._http, self._pool()
-        old.clear()
+            self._ssl = _ssl_context(self._config, *pems)
+            old, self._pool_now = self._pool_now, self._pool()
+        if old is not None:
+            old.clear()
 
     def _check_cert_files(self) -> None:
         """Re-read rotated client certificate files (at most every CERT_RECHECK_S)."""
@@ -174,7 +193,8 @@ class KubeClient:
         return self._config.server
 
     def close(self) -> None:
-        self._http.clear()
+        if self._pool_now is not None:
+            self._pool_now.clear()
 
     # -- plumbing ------------------------------------------------------------
 
@@ -220,6 +240,8 @@ class KubeClient:
         content_type: str = "application/json",
     ) -> Obj:
         """One API call; returns the decoded JSON body or raises a :class:`KubeError`."""
+        import urllib3
+
         self._check_cert_files()
         data = json.dumps(body).encode() if body is not None else None
         for attempt in (0, 1):
@@ -306,6 +328,8 @@ class KubeClient:
         self, field_selector: str, resource_version: str, *, timeout_s: int = 300
     ) -> Watch:
         """Events after ``resource_version``; ends when the server closes (timeout_s)."""
+        import urllib3
+
         params: dict[str, str | int] = {
             "watch": "1",
             "fieldSelector": field_selector,
@@ -338,6 +362,8 @@ class Watch:
         self._resp = resp
 
     def __iter__(self) -> Iterator[tuple[str, Obj]]:
+        import urllib3
+
         buf = b""
         try:
             for chunk in self._resp.stream(4096, decode_content=True):

@@ -26,8 +26,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from dra_driver.errors import DriverError
 
 IN_CLUSTER_SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
@@ -88,6 +86,8 @@ class _Merged:
 
 
 def _merge(files: Sequence[Path]) -> _Merged:
+    import yaml  # only kubeconfig files need it, not the in-cluster config
+
     merged = _Merged({"clusters": {}, "users": {}, "contexts": {}})
     read = 0
     for path in files:
