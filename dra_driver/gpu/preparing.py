@@ -361,18 +361,24 @@ class ClaimPreparer:
         ``locks``, and :class:`_MoreLocks` says the entry needs more. Raises
         :class:`PrepareError` (entry kept, ``Unpreparing``) when a step failed; its
         message starts with ``what``. A claim without units has only its spec to
-        remove, so no ``Unpreparing`` record precedes that."""
+        remove, so no ``Unpreparing`` record precedes that: the spec is removed and the
+        entry dropped in the one transaction that found it (spec first, so a crash in
+        between leaves a ``Prepared`` entry without a spec, which is torn down)."""
         with self._store.transaction() as loaded:
             entry = loaded.checkpoint.claims.get(uid)
             if entry is None:
                 return
             if not _locks_of(entry) <= locks:
                 raise _MoreLocks(_locks_of(entry))
-            if entry.units and entry.state != UNPREPARING:
+            if not entry.units:
+                self._drop_spec_and_entry(uid, loaded, log, what)
+            elif entry.state != UNPREPARING:
                 entry.state = UNPREPARING
                 self._store.save(loaded.checkpoint)
-        if entry.units:
-            self._on_step("checkpoint-unpreparing")
+        if not entry.units:
+            self._on_step("checkpoint-removed")
+            return
+        self._on_step("checkpoint-unpreparing")
         errors = []
         for unit in reversed(entry.units):
             try:
@@ -403,6 +409,23 @@ class ClaimPreparer:
             cp.claims.pop(uid, None)
             self._store.save(cp)
         self._on_step("checkpoint-removed")
+
+    def _drop_spec_and_entry(self, uid: str, loaded: Loaded, log: ContextLogger, what: str) -> None:
+        """A claim without units, inside the transaction that found it (a file unlink
+        under the checkpoint lock, no GPU tool)."""
+        try:
+            cdi.remove_spec(self._cdi_dir, self.kind, uid)
+        except cdi.CdiError as exc:
+            entry = loaded.checkpoint.claims[uid]
+            entry.state, entry.error = UNPREPARING, str(exc)
+            self._store.save(loaded.checkpoint)
+            log.error("teardown incomplete, retried with the next call: %s", exc)
+            raise PrepareError(
+                f"{what}: undo incomplete, retried with the next call: {exc}"
+            ) from exc
+        self._on_step("cdi-spec-removed")
+        del loaded.checkpoint.claims[uid]
+        self._store.save(loaded.checkpoint)
 
     def _release_shared(self, key: str, releasing_uid: str | None, log: Any) -> None:
         """Release ``key`` unless a claim other than ``releasing_uid`` still uses it."""

@@ -176,3 +176,25 @@ def test_d6_a_malformed_entry_is_reported_as_a_corrupt_checkpoint(node: Node) ->
         assert f"is corrupt: claims.{UID}.devices: expected list, got None" in msg
         assert "move the file aside" in msg
         assert "NoneType" not in msg
+
+
+def test_d3_an_exclusive_claim_whose_spec_cannot_be_removed_stays_reserved(node: Node) -> None:
+    """A claim without units has only its spec to remove, in the same checkpoint
+    transaction that drops its entry: when the removal fails the entry stays
+    (``Unpreparing``, with the error), the GPU is not handed out, the retry finishes."""
+    p = node.preparer()
+    p.prepare(claim())
+    spec = node.cdi_dir / f"k8s.gpu.nvidia.com-claim_{UID}.json"
+    spec.unlink()
+    (spec / "blocker").mkdir(parents=True)  # unlink() of a non-empty directory fails
+    with pytest.raises(PrepareError, match=rf"unprepare claim ns/c1: undo incomplete.*{spec.name}"):
+        p.unprepare(ClaimRef("ns", "c1", UID))
+    entry = entries(node)[UID]
+    assert entry["state"] == "Unpreparing" and spec.name in entry["error"]
+    with pytest.raises(PrepareError, match=r"'gpu-0' is still held by claim ns/c1"):
+        p.prepare(claim(uid=UID2, name="c2"))
+    (spec / "blocker").rmdir()
+    spec.rmdir()
+    p.unprepare(ClaimRef("ns", "c1", UID))  # the kubelet's retry
+    assert entries(node) == {}
+    p.prepare(claim(uid=UID2, name="c2"))
