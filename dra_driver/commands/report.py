@@ -19,9 +19,7 @@ import argparse
 import json
 import sys
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -69,6 +67,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _get(url: str, timeout: float = 10.0) -> bytes:
+    # Here: at module level it loaded ssl, http.client and email into every command,
+    # the kubelet plugin's daemon included (the CLI imports all commands).
+    import urllib.error
+    import urllib.request
+
     try:
         with urllib.request.urlopen(url, timeout=timeout) as resp:  # noqa: S310 (user's URL)
             return bytes(resp.read())
