@@ -298,8 +298,22 @@ def _default_opener(target: Path) -> tuple[int, str]:
 
 
 def temp_files_for(target: Path) -> list[Path]:
-    """Leftover temp files of an interrupted write (never ``.json``, so never loaded)."""
-    return sorted(target.parent.glob(f"{target.name}.*.tmp"))
+    """Leftover temp files of an interrupted write (never ``.json``, so never loaded):
+    ``<target name>.*.tmp``, by a directory scan (every unprepare asks; glob's pattern
+    machinery cost more than the rest of removing a spec)."""
+    prefix = f"{target.name}."
+    try:
+        with os.scandir(target.parent) as entries:
+            names = [
+                e.name
+                for e in entries
+                if e.name.startswith(prefix)
+                and e.name.endswith(".tmp")
+                and len(e.name) >= len(prefix) + 4
+            ]
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    return [target.parent / name for name in sorted(names)]
 
 
 @functools.cache
@@ -355,11 +369,20 @@ def write_atomic(
             fh.write(data)
             os.fchmod(fh.fileno(), mode)
         if not _exchange(tmp, target):
-            Path(tmp).replace(target)  # no target yet: a plain rename, nothing to flush
+            # No target yet: a plain rename, nothing to flush. os, not pathlib: every
+            # prepare and unprepare writes here, and Path objects cost more than the call.
+            os.replace(tmp, target)  # noqa: PTH105
     except OSError as exc:
-        Path(tmp).unlink(missing_ok=True)
+        _unlink_missing_ok(tmp)
         raise CdiError(f"write {target}: {_reason(exc)}") from exc
-    Path(tmp).unlink(missing_ok=True)  # the old content, after an exchange
+    _unlink_missing_ok(tmp)  # the old content, after an exchange
+
+
+def _unlink_missing_ok(path: str) -> None:
+    try:
+        os.unlink(path)  # noqa: PTH108 (see write_atomic)
+    except FileNotFoundError:
+        pass
 
 
 def _reason(exc: OSError) -> str:

@@ -90,8 +90,10 @@ class CheckpointStore:
         self._locks.close()
 
     def boot_id(self) -> str:
+        """Read every transaction (a reboot is noticed by the next call), hence plainly."""
         try:
-            return self._boot_id_path.read_text().strip()
+            with open(self._boot_id_path, "rb") as fh:
+                return fh.read().decode(errors="replace").strip()
         except OSError as exc:
             raise CheckpointError(f"read boot ID {self._boot_id_path}: {exc.strerror}") from exc
 

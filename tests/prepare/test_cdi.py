@@ -128,8 +128,11 @@ def test_interrupted_write_temp_is_removed_with_the_spec(tmp_path: Path) -> None
     target = cdi.transient_spec_path(tmp_path, "vendor.com/gpu", "u1")
     leftover = tmp_path / f"{target.name}.abc123.tmp"
     leftover.write_text("{")  # what a SIGKILL between write and rename leaves
+    others = [f"{target.name}.tmp", f"{target.name}.abc.tmp.json", "vendor.com-gpu_u10.json.1.tmp"]
+    for name in others:  # not temp files of this spec
+        (tmp_path / name).write_text("{")
     cdi.remove_spec(tmp_path, "vendor.com/gpu", "u1")
-    assert list(tmp_path.iterdir()) == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(others)
 
 
 @pytest.fixture
