@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -301,8 +302,6 @@ def main() -> int:
     parser.add_argument("--soak", type=int, default=0, help="cycles of the soak run (ours)")
     args = parser.parse_args()
 
-    from dra_driver.devcluster import Cluster, find_binaries
-
     binary = Path(
         subprocess.run(
             [str(REPO / "bench" / "build-reference-plugin.sh")],
@@ -310,6 +309,15 @@ def main() -> int:
         ).stdout.strip()
     )  # fmt: skip
     work = Path(tempfile.mkdtemp(prefix="refb-", dir="/tmp"))
+    try:
+        return _run(args, binary, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _run(args: argparse.Namespace, binary: Path, work: Path) -> int:
+    from dra_driver.devcluster import Cluster, find_binaries
+
     load = [os.getloadavg()]
     with Cluster(find_binaries(), work / "cluster") as cluster:
         plugins = [ours("bench-ours"), reference("bench-go", binary)]
