@@ -75,8 +75,8 @@ def load_engine(name: str | None = None) -> CelEngine:
         installed = available_engines()
         if not installed:
             raise EngineUnavailable(
-                "no CEL engine installed: pip install 'dra-driver[cel]' "
-                "(cel-python) or 'dra-driver[cel-cpp]' (cel-expr-python, faster and exact)"
+                "no CEL engine installed: reinstall dra-driver (it depends on cel-python), "
+                "or pip install 'dra-driver[cel-cpp]' (cel-expr-python, faster and exact)"
             )
         name = installed[0]
     if name not in ENGINES:
