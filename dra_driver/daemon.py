@@ -4,11 +4,13 @@
 wires, in this order: the plugin layer
 (:class:`~dra_driver.plugin.app.KubeletPlugin`: sockets, registration, slices,
 health, claim cleanup) and the HTTP health endpoint, serving at once; then the
-host (real or emulated GPUs) and the GPU driver (discovery, devices, claim
-preparation; it finishes any half-done prepare or unprepare of a previous
-process), handed to the plugin through :class:`LateBackend`; then slice
-publishing and background work start. Serving first puts the registration
-socket up before the GPU layer is even imported: claim calls that arrive
+metrics registry (prometheus-client is imported only once the sockets are up),
+given to the plugin and to ``/metrics``; then the host (real or emulated GPUs)
+and the GPU driver (discovery, devices, claim preparation; it finishes any
+half-done prepare or unprepare of a previous process), handed to the plugin
+through :class:`LateBackend`; then slice publishing and background work start.
+Serving first puts the registration socket up before the GPU layer (and
+prometheus-client) is even imported: claim calls that arrive
 meanwhile wait for the driver. Then the main thread waits for exactly four
 things: SIGTERM/SIGINT (stop), SIGHUP or the re-discovery interval
 (re-discover, republish if the pool changed), or a fatal failure of a
@@ -137,40 +139,42 @@ def run(settings: DaemonSettings, *, environ: Mapping[str, str]) -> int:
 def _run(
     settings: DaemonSettings, environ: Mapping[str, str], wakeups: Wakeups, stack: ExitStack
 ) -> int:
-    # The plugin layer first, so the kubelet finds our sockets before the GPU layer is
-    # imported and the GPUs are discovered (start to registration socket, README).
-    from prometheus_client import CollectorRegistry
-
+    # The plugin layer first, so the kubelet finds our sockets before prometheus-client
+    # and the GPU layer are imported and the GPUs are discovered (start to registration
+    # socket, README).
     from dra_driver.plugin.app import KubeletPlugin
     from dra_driver.plugin.healthz import HealthServer
-    from dra_driver.plugin.metrics import exposition
 
     fatal = Fatal(wakeups)
     # Stopped in reverse: plugin, health endpoint, driver, then the host (NVML) last.
     gpu_host_stack = stack.enter_context(ExitStack())
     backend = LateBackend()
     stack.callback(backend.close)
-    registry = CollectorRegistry()
     plugin = KubeletPlugin(
         settings=settings.plugin,
         backend=backend,
         logger=logging.getLogger("dra_driver.plugin"),
         environ=environ,
-        registry=registry,
         on_fatal=fatal,
     )
+    health = None
     if settings.health_port >= 0:
         # Before the sockets, so the startup probe answers (503) at once.
         health = HealthServer(
             readiness=plugin.readiness,
             port=settings.health_port,
             logger=logging.getLogger("dra_driver.plugin"),
-            metrics=exposition(registry) if settings.metrics else None,
         )
         health.start()
         stack.callback(health.stop)
     stack.callback(plugin.stop, uninstall=settings.uninstall_on_exit)
     plugin.serve()
+    registry = _metrics_registry()
+    plugin.add_metrics(registry)
+    if health is not None and settings.metrics:
+        from dra_driver.plugin.metrics import exposition
+
+        health.serve_metrics(exposition(registry))
     driver = _gpu_driver(settings, gpu_host_stack, registry)
     backend.attach(driver)
     plugin.start()
@@ -203,6 +207,14 @@ def _run(
                 plugin.republish()
             if interval:
                 next_discovery = time.monotonic() + interval
+
+
+def _metrics_registry() -> CollectorRegistry:
+    """Where every metric of the plugin and the GPU layer goes (``/metrics``); imports
+    prometheus-client, so only after the sockets are up."""
+    from prometheus_client import CollectorRegistry
+
+    return CollectorRegistry()
 
 
 def _gpu_driver(

@@ -36,10 +36,9 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
-from prometheus_client import CollectorRegistry
 
 from dra_driver.plugin._proto import pluginregistration_pb2_grpc
 from dra_driver.plugin.backend import (
@@ -55,7 +54,6 @@ from dra_driver.plugin.claimstatus import ClaimStatusWriter, DeviceStatusReporte
 from dra_driver.plugin.cleanup import StaleClaimCleaner
 from dra_driver.plugin.health import HealthHub, add_health_services
 from dra_driver.plugin.kubeclient import KubeClient, KubeConfig, load_in_cluster, load_kubeconfig
-from dra_driver.plugin.metrics import NO_PUBLISH_METRICS, PluginMetrics
 from dra_driver.plugin.nodeservice import add_node_services
 from dra_driver.plugin.preparing import ClaimService
 from dra_driver.plugin.publishing import PublishStatus, SlicePublisher
@@ -73,6 +71,11 @@ from dra_driver.plugin.sockets import (
     socket_paths,
     staging_dir,
 )
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
+    from dra_driver.plugin.metrics import PluginMetrics
 
 
 @dataclass(frozen=True)
@@ -183,11 +186,12 @@ class KubeletPlugin:
 
         ``environ`` is only read for in-cluster config; ``kube_config`` overrides both.
         ``registry``: where the plugin's metrics go (see :mod:`dra_driver.plugin.metrics`);
-        None keeps none. ``on_fatal`` is called (from the failing thread) when a
-        background thread dies; :meth:`readiness` reports it too, so ``/healthz`` fails."""
+        None keeps none, or gives them later (:meth:`add_metrics`). ``on_fatal`` is
+        called (from the failing thread) when a background thread dies; :meth:`readiness`
+        reports it too, so ``/healthz`` fails."""
         validate_names(settings.driver_name, settings.node_name)
         s = self.settings = settings
-        self.metrics = PluginMetrics(registry) if registry is not None else None
+        self.metrics: PluginMetrics | None = None
         self._backend = backend
         self._log = logger
         self._environ = dict(environ or {})
@@ -195,6 +199,7 @@ class KubeletPlugin:
         self._on_fatal = on_fatal
         self._fatal = ""
         self._serving = False
+        self._started = False
         self.paths: SocketPaths = socket_paths(
             driver=settings.driver_name,
             registry_dir=settings.registry_dir,
@@ -232,6 +237,9 @@ class KubeletPlugin:
             interval_s=s.claim_refresh_interval_s,
             logger=logger,
         )
+        self._events = ClaimActivity(
+            logger=logger, status=status, book=book, changed=self._keeper.trigger
+        )
         self._service = ClaimService(
             driver_name=s.driver_name,
             pool_name=s.node_name,
@@ -240,13 +248,7 @@ class KubeletPlugin:
             lock_file=FileLock(self.paths.lock) if s.rolling_update_uid else None,
             logger=logger,
             parallel=False if s.serialize_claims else None,
-            events=ClaimActivity(
-                logger=logger,
-                metrics=self.metrics.operations if self.metrics is not None else None,
-                status=status,
-                book=book,
-                changed=self._keeper.trigger,
-            ),
+            events=self._events,
         )
         self._hub = HealthHub(
             source=self._device_health, interval_s=s.health_interval_s, logger=logger
@@ -259,7 +261,6 @@ class KubeletPlugin:
             pool_source=backend.pool,
             logger=logger,
             resync_interval_s=s.resync_interval_s,
-            metrics=self.metrics.publish if self.metrics is not None else NO_PUBLISH_METRICS,
             on_fatal=self._fail,
         )
         self._cleaner = StaleClaimCleaner(
@@ -269,6 +270,8 @@ class KubeletPlugin:
             interval_s=s.cleanup_interval_s,
             logger=logger,
         )
+        if registry is not None:
+            self.add_metrics(registry)
 
     # -- wiring ----------------------------------------------------------------
 
@@ -342,18 +345,39 @@ class KubeletPlugin:
             self.paths.dra,
         )
 
+    def add_metrics(self, registry: CollectorRegistry) -> None:
+        """Count into ``registry`` from now on (see :mod:`dra_driver.plugin.metrics`); once.
+
+        For a caller that serves first: prometheus-client is imported here, not with
+        this module, so :meth:`serve` can bind the sockets without it (start to
+        registration socket). Outcomes before this call are not counted; the state
+        gauges (prepared claims, device health) are read at scrape time anyway."""
+        from dra_driver.plugin.metrics import PluginMetrics
+
+        if self.metrics is not None:
+            raise ValueError("the plugin already has metrics")
+        metrics = self.metrics = PluginMetrics(registry)
+        self._events.metrics = metrics.operations
+        self._publisher.metrics = metrics.publish
+        if self._started:
+            self._watch_state(metrics)
+
+    def _watch_state(self, metrics: PluginMetrics) -> None:
+        book = self.claims
+        metrics.watch_state(
+            health=self._hub.current,
+            pool=self._backend.pool,
+            prepared_claims=lambda: sum(1 for _ in self._backend.prepared_claims()),
+            prepared_devices=lambda: sum(len(c.devices) for c in book.claims()),
+        )
+
     def start(self) -> None:
         """:meth:`serve` (if not yet), then publish slices, clean up stale claims, keep
         the prepared claims' status and start the backend's background work."""
         self.serve()
+        self._started = True
         if self.metrics is not None:
-            book = self.claims
-            self.metrics.watch_state(
-                health=self._hub.current,
-                pool=self._backend.pool,
-                prepared_claims=lambda: sum(1 for _ in self._backend.prepared_claims()),
-                prepared_devices=lambda: sum(len(c.devices) for c in book.claims()),
-            )
+            self._watch_state(self.metrics)
         self._publisher.start()
         self._cleaner.start()
         self._keeper.start()

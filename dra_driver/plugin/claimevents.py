@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from dra_driver.plugin.backend import PreparedDevice
 from dra_driver.plugin.claimbook import PreparedClaimBook
 from dra_driver.plugin.claims import ClaimRef
 from dra_driver.plugin.claimstatus import ClaimStatusWriter
-from dra_driver.plugin.metrics import OperationMetrics
+
+if TYPE_CHECKING:
+    from dra_driver.plugin.metrics import OperationMetrics
 
 _REASONS = {
     "ClaimError": "claim",
@@ -76,7 +78,8 @@ class ClaimActivity:
         """``changed`` is called after every prepare and unprepare (the plugin wakes the
         thread that writes claim status)."""
         self._log = logger
-        self._metrics = metrics
+        self.metrics = metrics
+        """None counts nothing; may be set once later, while claims are served."""
         self._status = status
         self._book = book
         self._changed = changed
@@ -85,8 +88,8 @@ class ClaimActivity:
         self, ref: ClaimRef, obj: dict[str, Any], devices: Sequence[PreparedDevice], seconds: float
     ) -> None:
         try:
-            if self._metrics is not None:
-                self._metrics.observe("prepare", seconds)
+            if (m := self.metrics) is not None:
+                m.observe("prepare", seconds)
             if self._book is not None:
                 self._book.prepared(ref, obj)
             if self._status is not None:
@@ -97,8 +100,8 @@ class ClaimActivity:
 
     def unprepared(self, ref: ClaimRef, seconds: float) -> None:
         try:
-            if self._metrics is not None:
-                self._metrics.observe("unprepare", seconds)
+            if (m := self.metrics) is not None:
+                m.observe("unprepare", seconds)
             if self._book is not None:
                 self._book.unprepared(ref)
             if self._status is not None:
@@ -110,5 +113,5 @@ class ClaimActivity:
             )
 
     def failed(self, operation: str, ref: ClaimRef, error: BaseException, seconds: float) -> None:
-        if self._metrics is not None:
-            self._metrics.observe(operation, seconds, reason_of(error))
+        if (m := self.metrics) is not None:
+            m.observe(operation, seconds, reason_of(error))

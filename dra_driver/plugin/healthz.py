@@ -6,7 +6,9 @@ thread has died; 503 otherwise, so the kubelet restarts the plugin. ``GET /ready
 in sync (:attr:`Readiness.ready`), else 503 with the problems; its body also
 lists the devices that are not Healthy, exactly as last streamed to the
 kubelet. Both answer a small JSON body. ``GET /metrics`` serves Prometheus
-text when the plugin was given metrics. Stdlib HTTP: a few kB of RSS.
+text once the server was given metrics (at construction or by
+:meth:`HealthServer.serve_metrics`, so a daemon can answer probes before it
+imports prometheus-client). Stdlib HTTP: a few kB of RSS.
 """
 
 from __future__ import annotations
@@ -42,6 +44,10 @@ class HealthServer:
         self._server = ThreadingHTTPServer((host, port), self._handler_class())
         self._server.daemon_threads = True
         self._thread: threading.Thread | None = None
+
+    def serve_metrics(self, metrics: Callable[[], tuple[bytes, str]]) -> None:
+        """Serve ``/metrics`` from now on (it answered 404 until then)."""
+        self._metrics = metrics
 
     @property
     def port(self) -> int:

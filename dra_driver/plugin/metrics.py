@@ -46,12 +46,9 @@ _SYNC_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 
 
 class PublishMetrics:
-    """What the slice publisher counts; a no-op stand-in is :data:`NO_PUBLISH_METRICS`."""
+    """What the slice publisher counts."""
 
-    def __init__(self, registry: CollectorRegistry | None) -> None:
-        self.enabled = registry is not None
-        if registry is None:
-            return
+    def __init__(self, registry: CollectorRegistry) -> None:
         self._writes = Counter(
             "dra_driver_resourceslice_writes",
             "ResourceSlice writes by this node's plugin, by operation.",
@@ -83,24 +80,17 @@ class PublishMetrics:
             self._writes.labels(op)
 
     def write(self, operation: str) -> None:
-        if self.enabled:
-            self._writes.labels(operation).inc()
+        self._writes.labels(operation).inc()
 
     def conflict(self) -> None:
-        if self.enabled:
-            self._conflicts.inc()
+        self._conflicts.inc()
 
     def sync(self, seconds: float, *, ok: bool, generation: int | None = None) -> None:
-        if not self.enabled:
-            return
         self._duration.observe(seconds)
         if not ok:
             self._errors.inc()
         if generation is not None:
             self._generation.set(generation)
-
-
-NO_PUBLISH_METRICS = PublishMetrics(None)
 
 
 class OperationMetrics:

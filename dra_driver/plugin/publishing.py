@@ -34,7 +34,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dra_driver.plugin.kubeclient import (
     ConflictError,
@@ -43,7 +43,6 @@ from dra_driver.plugin.kubeclient import (
     KubeError,
     Watch,
 )
-from dra_driver.plugin.metrics import NO_PUBLISH_METRICS, PublishMetrics
 from dra_driver.plugin.resources import Pool
 from dra_driver.plugin.slices import (
     SliceValidationError,
@@ -54,6 +53,9 @@ from dra_driver.plugin.slices import (
     validate_names,
     validate_pool,
 )
+
+if TYPE_CHECKING:
+    from dra_driver.plugin.metrics import PublishMetrics
 
 Obj = dict[str, Any]
 
@@ -106,13 +108,15 @@ class SlicePublisher:
         backoff_initial_s: float = 0.5,
         backoff_max_s: float = 30.0,
         watch_timeout_s: int = 300,
-        metrics: PublishMetrics = NO_PUBLISH_METRICS,
+        metrics: PublishMetrics | None = None,
         on_fatal: Callable[[str], None] | None = None,
     ) -> None:
         """``on_fatal`` is told when a background thread crashes or ends on its own."""
         validate_names(driver_name, node_name)
         self._on_fatal = on_fatal
-        self._metrics = metrics
+        self.metrics = metrics
+        """None counts nothing; may be set once later, while running (the plugin's
+        :meth:`~dra_driver.plugin.app.KubeletPlugin.add_metrics`)."""
         self._client = client
         self._driver = driver_name
         self._node = node_name
@@ -193,15 +197,16 @@ class SlicePublisher:
             try:
                 self.sync_once()
                 delay = self._backoff[0]
-                self._metrics.sync(
-                    time.perf_counter() - started, ok=True, generation=self._generation
-                )
+                if (m := self.metrics) is not None:
+                    m.sync(time.perf_counter() - started, ok=True, generation=self._generation)
             except SliceValidationError as exc:
-                self._metrics.sync(time.perf_counter() - started, ok=False)
+                if (m := self.metrics) is not None:
+                    m.sync(time.perf_counter() - started, ok=False)
                 self._log.error("not publishing an invalid pool: %s", exc)
                 self._set_status(in_sync=False, last_error=str(exc))
             except KubeError as exc:
-                self._metrics.sync(time.perf_counter() - started, ok=False)
+                if (m := self.metrics) is not None:
+                    m.sync(time.perf_counter() - started, ok=False)
                 self._log.warning("publishing slices failed, retrying in %.1fs: %s", delay, exc)
                 self._set_status(in_sync=False, last_error=str(exc))
                 if self._stop.wait(delay):
@@ -355,7 +360,8 @@ class SlicePublisher:
                 meta["name"], uid=meta.get("uid"), resource_version=meta.get("resourceVersion")
             )
             self._written.pop(str(meta["name"]), None)
-            self._metrics.write("delete")
+            if (m := self.metrics) is not None:
+                m.write("delete")
         dropped: set[str] = set()
         for i in to_update:
             obj = want[i]
@@ -385,7 +391,8 @@ class SlicePublisher:
             else:
                 stored = self._client.update_resource_slice(obj)
         except ConflictError:
-            self._metrics.conflict()
+            if (m := self.metrics) is not None:
+                m.conflict()
             self._trigger.set()  # someone raced us; the next sync sees their version
             raise
         except KubeApiError as exc:
@@ -400,7 +407,8 @@ class SlicePublisher:
                     [f"API server rejected {obj['metadata']['name']}: {exc.message}{hint}"]
                 ) from exc
             raise
-        self._metrics.write("create" if create else "update")
+        if (m := self.metrics) is not None:
+            m.write("create" if create else "update")
         meta = stored.get("metadata", {})
         self._written[str(meta.get("name"))] = (str(meta.get("resourceVersion")), fp)
         return {f"spec.{p}" for p in dropped_fields(obj["spec"], stored.get("spec", {}))}

@@ -1,10 +1,15 @@
-"""The daemon path stays light: no generated kubernetes models (docs/footprint.md)."""
+"""The daemon path stays light: no generated kubernetes models (docs/footprint.md), nothing
+but what the kubelet sockets need before they are up."""
 
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 
 def test_plugin_entry_point_does_not_import_kubernetes_client_models() -> None:
@@ -34,3 +39,54 @@ def test_the_http_stack_and_yaml_load_only_when_first_needed() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert json.loads(out.stdout) == [[], True]
+
+
+def test_the_daemon_binds_its_sockets_before_importing_prometheus_client(
+    tmp_path: Path,
+) -> None:
+    """Start to registration socket: prometheus-client (~60 ms to import, its HTTP
+    exposition stack included) loads only after ``serve()`` put both sockets in place;
+    every metric is still registered then (tests/cluster/test_metrics.py)."""
+    work = Path(tempfile.mkdtemp(prefix="fp-", dir="/tmp"))  # short: socket paths
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "current-context": "c",
+                "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:1"}}],
+                "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+                "users": [{"name": "u", "user": {"token": "t"}}],
+            }
+        )
+    )
+    argv = ["kubelet-plugin", "--emulate=l4-x4", f"--host-root={work / 'host'}",
+            f"--cdi-dir={work / 'cdi'}", f"--state-dir={work / 'state'}",
+            f"--kubelet-registry-dir={work / 'reg'}", f"--kubelet-plugins-dir={work / 'plugins'}",
+            "--health-port=0"]  # fmt: skip
+    # The daemon's own start path; serve() is wrapped to look right after it returned,
+    # then the daemon is stopped (as SIGTERM would, through its exit stack).
+    code = (
+        "import json, sys\n"
+        "from dra_driver.plugin.app import KubeletPlugin\n"
+        "serve = KubeletPlugin.serve\n"
+        "def look(self):\n"
+        "    serve(self)\n"
+        "    loaded = sorted(m for m in sys.modules if m.split('.')[0] == 'prometheus_client')\n"
+        "    print(json.dumps([self.paths.registration.exists(), loaded[:3]]))\n"
+        "    raise SystemExit(0)\n"
+        "KubeletPlugin.serve = look\n"
+        "from dra_driver.cli import main\n"
+        f"main({argv!r})\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DRA_")}
+    env |= {"DRA_NODE_NAME": "node-a", "DRA_KUBECONFIG": str(kubeconfig)}
+    try:
+        out = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60
+        )
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == [True, []]

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from dra_driver.devcluster import wait_until
 from dra_driver.plugin._proto import (
     dra_v1_pb2,
     dra_v1_pb2_grpc,
@@ -222,3 +223,30 @@ def test_rolling_update_file_lock_serialises_two_instances_of_a_serial_backend(
     assert (backend.max_active_total > 1) if parallel else (backend.max_active_total == 1)
     first.close()
     second.close()
+
+
+def test_metrics_given_after_start_count_from_then_on(start_plugin: StartPlugin) -> None:
+    """The daemon serves before it imports prometheus-client and adds the registry later:
+    claims handled before count nowhere, those after do, and the scrape-time gauges and
+    slice-sync metrics are all there."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    run = start_plugin()
+    v1 = (dra_v1_pb2, dra_v1_pb2_grpc)
+    assert _unprepare(run, v1, ("gone", UID_A)).claims[UID_A].error == ""
+    registry = CollectorRegistry()
+    run.plugin.add_metrics(registry)
+    with pytest.raises(ValueError, match="already has metrics"):
+        run.plugin.add_metrics(CollectorRegistry())
+    assert _unprepare(run, v1, ("gone", UID_B)).claims[UID_B].error == ""
+    run.plugin.republish()  # a sync after the registry came: counted
+    wait_until(lambda: (registry.get_sample_value(
+        "dra_driver_resourceslice_sync_duration_seconds_count") or 0) >= 1,
+        timeout=10, what="a counted slice sync")  # fmt: skip
+    unprepares = registry.get_sample_value(
+        "dra_driver_node_operation_duration_seconds_count", {"operation": "unprepare"}
+    )
+    assert unprepares == 1
+    assert registry.get_sample_value("dra_driver_prepared_claims") == 0
+    text = generate_latest(registry).decode()
+    assert "dra_driver_device_healthy{" in text and "dra_driver_prepared_devices 0.0" in text
