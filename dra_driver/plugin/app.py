@@ -5,6 +5,8 @@ Usage::
     settings = PluginSettings(driver_name="gpu.example.com", node_name=node)
     plugin = KubeletPlugin(settings=settings, backend=my_backend, logger=log)
     plugin.serve()            # optional: sockets up before the backend is ready
+    plugin.add_metrics(registry)     # optional, once, before or after start(): a
+                                     # prometheus_client registry, imported only then
     plugin.start()            # serving, slices being published, background work
     ...
     plugin.republish()        # after the backend's pool() changed
