@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import filecmp
+import re
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 from dra_driver.plugin._proto import (
@@ -30,6 +32,35 @@ def test_committed_stubs_match_a_fresh_generation(tmp_path: Path) -> None:
     assert generated == committed
     _match, mismatch, errors = filecmp.cmpfiles(tmp_path, PROTO_OUT, generated, shallow=False)
     assert not mismatch and not errors, f"stale stubs, run scripts/gen-proto.sh: {mismatch}"
+
+
+def _version(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in text.split("."))
+
+
+def test_dependency_floors_cover_what_the_stubs_need() -> None:
+    """The stubs refuse to import on an older grpcio or protobuf (a GPU node image with
+    grpcio 1.84 failed at startup), so the declared floors must be what they were
+    generated for, and the generator pinned to the version that wrote them."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    floors = {}
+    for dep in [*project["dependencies"], *project["optional-dependencies"]["test"]]:
+        m = re.fullmatch(r"([\w-]+)(>=|==)([\d.]+)", dep)
+        if m:
+            floors[m[1]] = (m[2], _version(m[3]))
+    grpc_needed = {
+        _version(re.search(r"GRPC_GENERATED_VERSION = '([\d.]+)'", f.read_text())[1])  # type: ignore[index]
+        for f in PROTO_OUT.glob("*_pb2_grpc.py")
+    }
+    proto_needed = {
+        tuple(int(x) for x in m)
+        for f in PROTO_OUT.glob("*_pb2.py")
+        for m in re.findall(r"Domain\.PUBLIC,\s*(\d+),\s*(\d+),\s*(\d+),", f.read_text())
+    }
+    assert len(grpc_needed) == 1 and len(proto_needed) == 1, (grpc_needed, proto_needed)
+    assert floors["grpcio"] == (">=", *grpc_needed)
+    assert floors["grpcio-tools"] == ("==", *grpc_needed)
+    assert floors["protobuf"] == (">=", *proto_needed)
 
 
 def _fields(message: object) -> dict[str, int]:
