@@ -1,7 +1,8 @@
 """Benchmark: start of ``dra-driver kubelet-plugin`` to its registration socket (not a test).
 
-Runs the daemon (4 emulated L4s) against an unreachable API server, so only the
-start path counts, from one or more source trees, starts alternating between them.
+Runs the daemon (4 emulated L4s, or with ``--real`` this node's GPUs through the
+real NVML, as root) against an unreachable API server, so only the start path
+counts, from one or more source trees, starts alternating between them.
 Two figures per start: the wall time until the registration socket exists, seen
 from outside; and, in a second process whose ``serve()`` is wrapped to exit when it
 returns (sockets in place), the CPU time the process used to get there, which the
@@ -47,7 +48,7 @@ main(sys.argv[1:])
 """
 
 
-def _start(tree: Path, *, hook: bool) -> float:
+def _start(tree: Path, *, hook: bool, real: bool = False) -> float:
     """Wall ms to the registration socket, or (``hook``) CPU ms to serve()'s return."""
     work = Path(tempfile.mkdtemp(prefix="sts-", dir="/tmp"))  # short: socket paths
     try:
@@ -56,16 +57,21 @@ def _start(tree: Path, *, hook: bool) -> float:
         env |= {
             "DRA_NODE_NAME": "node-a",
             "DRA_KUBECONFIG": str(work / "kubeconfig"),
-            "PYTHONPATH": str(tree),
+            "PYTHONPATH": os.pathsep.join(
+                [str(tree), *filter(None, [os.environ.get("PYTHONPATH")])]
+            ),
         }
-        args = ["kubelet-plugin", "--emulate=l4-x4", f"--host-root={work / 'host'}",
-                f"--cdi-dir={work / 'cdi'}", f"--state-dir={work / 'state'}",
+        gpus = [] if real else ["--emulate=l4-x4", f"--host-root={work / 'host'}"]
+        args = ["kubelet-plugin", *gpus, f"--cdi-dir={work / 'cdi'}",
+                f"--state-dir={work / 'state'}",
                 f"--kubelet-registry-dir={work / 'reg'}",
                 f"--kubelet-plugins-dir={work / 'plugins'}", "--health-port=0"]  # fmt: skip
         if hook:
             cmd = [sys.executable, "-c", HOOK, *args]
             out = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True,
-                                 check=True, timeout=60)  # fmt: skip
+                                 check=False, timeout=60)  # fmt: skip
+            if out.returncode != 0:
+                raise SystemExit(f"{tree}: the daemon exited {out.returncode}:\n{out.stderr}")
             return float(out.stdout.split()[-1])
         socket = work / "reg" / "gpu.nvidia.com-reg.sock"
         t0 = time.perf_counter()
@@ -88,21 +94,23 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trees", default=".", help="comma-separated source trees")
     parser.add_argument("--starts", type=int, default=7, help="starts per tree and figure")
+    parser.add_argument("--real", action="store_true", help="this node's real GPUs (root)")
     args = parser.parse_args()
     trees = [Path(t).resolve() for t in args.trees.split(",")]
     for tree in trees:  # warm the bytecode caches
-        _start(tree, hook=True)
+        _start(tree, hook=True, real=args.real)
     wall: dict[Path, list[float]] = {t: [] for t in trees}
     cpu: dict[Path, list[float]] = {t: [] for t in trees}
     load = [os.getloadavg()[0]]
     for _ in range(args.starts):
         for tree in trees:
-            wall[tree].append(_start(tree, hook=False))
-            cpu[tree].append(_start(tree, hook=True))
+            wall[tree].append(_start(tree, hook=False, real=args.real))
+            cpu[tree].append(_start(tree, hook=True, real=args.real))
     load.append(os.getloadavg()[0])
     for tree in trees:
         print(json.dumps({
             "tree": str(tree),
+            "gpus": "real" if args.real else "emulated l4-x4",
             "socket_wall_ms_median": round(statistics.median(wall[tree]), 1),
             "serve_cpu_ms_median": round(statistics.median(cpu[tree]), 1),
             "socket_wall_ms": [round(x) for x in wall[tree]],

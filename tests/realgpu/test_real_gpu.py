@@ -14,79 +14,26 @@ container test; default: PATH and ``scripts/build-cdi-harness.sh``).
 from __future__ import annotations
 
 import json
-import logging
 import os
 import re
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from dra_driver.gpu.devices import build_pool
-from dra_driver.gpu.discovery import discover
-from dra_driver.gpu.hostpaths import HostPaths, find_driver_root
 from dra_driver.gpu.inventory import Gpu, Inventory
+from dra_driver.gpu.partitions import capacity, partitions
 from dra_driver.gpu.preparing import ClaimPreparer
 from dra_driver.gpu.sharing import GpuTools
-from dra_driver.plugin.claims import Claim
 from dra_driver.plugin.resources import Version
-from tests.prepare.hosttree import claim, gpu_config
+from tests.realgpu.realhost import query, real_claim, record, sh, smi, spec_of
 
 REPO = Path(__file__).parents[2]
 MIB = 1024 * 1024
-log = logging.getLogger("test.realgpu")
-
-
-def sh(*argv: str, env: dict[str, str] | None = None, timeout: float = 60) -> str:
-    done = subprocess.run(
-        list(argv), capture_output=True, text=True, timeout=timeout, check=False, env=env
-    )
-    assert done.returncode == 0, f"{argv}: rc={done.returncode}\n{done.stdout}\n{done.stderr}"
-    return done.stdout
-
-
-def record(name: str, text: str) -> None:
-    """Keep what the real tools said, for the notes (under $DRA_GPU_RECORD)."""
-    out = os.environ.get("DRA_GPU_RECORD")
-    if out:
-        with open(Path(out) / "realgpu-record.txt", "a") as f:
-            f.write(f"### {name}\n{text.rstrip()}\n\n")
-
-
-@pytest.fixture(scope="module")
-def host() -> HostPaths:
-    env_root = os.environ.get("DRA_DRIVER_ROOT")
-    root = Path(env_root) if env_root else find_driver_root(HostPaths())
-    assert root is not None, "no NVIDIA driver root found (set DRA_DRIVER_ROOT)"
-    return HostPaths(root=Path("/"), driver_root=root)
-
-
-@pytest.fixture(scope="module")
-def tools(host: HostPaths) -> GpuTools:
-    return GpuTools.for_host(host)
-
-
-@pytest.fixture(scope="module")
-def inventory(host: HostPaths) -> Inventory:
-    return discover(host, log)
-
-
-def smi(tools: GpuTools, *args: str) -> str:
-    return sh(str(tools.nvidia_smi), *args)
-
-
-def query(tools: GpuTools, fields: list[str]) -> list[dict[str, str]]:
-    out = smi(tools, f"--query-gpu={','.join(fields)}", "--format=csv,noheader,nounits")
-    return [
-        dict(zip(fields, (v.strip() for v in line.split(",")), strict=True))
-        for line in out.strip().splitlines()
-    ]
 
 
 def test_discovery_matches_nvidia_smi(inventory: Inventory, tools: GpuTools) -> None:
@@ -143,6 +90,38 @@ def test_mig_profiles_match_nvidia_smi(inventory: Inventory, tools: GpuTools) ->
         assert ours == {k: v for k, v in theirs.items() if k[0] == gpu.index}
 
 
+# "GPU  0 Profile ID 15 Placements: {0,2,4,6}:2" (and "Placement :" for a single one)
+_LGIPP = re.compile(r"GPU\s+(\d+)\s+Profile ID\s+(\d+)\s+Placements?\s*:\s*\{([\d,]+)\}:(\d+)")
+
+
+def test_mig_placements_match_nvidia_smi(inventory: Inventory, tools: GpuTools) -> None:
+    """Dynamic MIG publishes one partition per profile x placement: read-only NVML
+    queries (no MIG mode change, no instance) must say what NVIDIA's tool says."""
+    capable = [g for g in inventory.gpus if g.mig_capable]
+    if not capable:
+        pytest.fail("no MIG-capable GPU on this node: this check needs one (A100/H100/H200)")
+    out = smi(tools, "mig", "-lgipp")
+    theirs: dict[tuple[int, int], set[tuple[int, int]]] = {}
+    for m in _LGIPP.finditer(out):
+        starts = {(int(start), int(m[4])) for start in m[3].split(",")}
+        theirs[(int(m[1]), int(m[2]))] = starts
+    ours = {
+        (gpu.index, p.gi_profile_id): {(pl.start, pl.size) for pl in p.placements}
+        for gpu in capable
+        for p in gpu.mig_profiles
+    }
+    record(
+        "nvidia-smi mig -lgipp / ours / dynamic partitions",
+        f"{out}\nours: {sorted((k, sorted(v)) for k, v in ours.items())}\n"
+        + "\n".join(
+            f"gpu {g.index}: {[p.name for p in partitions(g)]}\ncounters {capacity(g)}"
+            for g in capable
+        ),
+    )
+    assert theirs, f"no placements parsed from nvidia-smi mig -lgipp:\n{out}"
+    assert ours == theirs
+
+
 def test_published_devices_are_typed_and_within_limits(inventory: Inventory) -> None:
     pool = build_pool(inventory, driver_name="gpu.nvidia.com")
     by_uuid = {g.uuid: g for g in inventory.gpus}
@@ -159,37 +138,6 @@ def test_published_devices_are_typed_and_within_limits(inventory: Inventory) -> 
         assert device.attributes["productName"] == gpu.product_name
         assert device.capacity["memory"].value == f"{gpu.memory_bytes // MIB}Mi"
         assert device.capacity["multiprocessors"].value == str(gpu.multiprocessors)
-
-
-@pytest.fixture
-def preparer(host: HostPaths, tools: GpuTools, tmp_path: Path) -> Iterator[ClaimPreparer]:
-    # Short, like /var/lib/kubelet/plugins/gpu.nvidia.com: the MPS daemon's sockets
-    # live under it (pytest's tmp_path is too deep for a unix socket path).
-    state = Path(tempfile.mkdtemp(prefix="st-", dir="/tmp"))
-    p = ClaimPreparer(
-        driver_name="gpu.nvidia.com",
-        inventory=lambda: discover(host, log),
-        host=host,
-        cdi_dir=tmp_path / "cdi",
-        state_dir=state,
-        logger=log,
-        tools=tools,
-    )
-    yield p
-    for ref in p.prepared_claims():  # never leave a policy or daemon behind
-        p.unprepare(ref)
-    shutil.rmtree(state, ignore_errors=True)
-
-
-def real_claim(device: str, sharing: dict[str, object] | None = None) -> Claim:
-    """A fresh claim (new UID) on one device, with a GpuConfig when ``sharing`` is given."""
-    configs = [gpu_config(sharing)] if sharing is not None else []
-    return claim(uid=str(uuid.uuid4()), devices=[("gpu", device)], configs=configs)
-
-
-def spec_of(cdi_dir: Path) -> dict:
-    (path,) = cdi_dir.iterdir()
-    return json.loads(path.read_text())
 
 
 def test_prepare_uses_the_hosts_device_nodes_and_driver_files(
