@@ -2,8 +2,8 @@
 
 Why not ``kubernetes.client``: importing it loads every generated model (about
 37 MB and 0.6 s, see docs/footprint.md) in a daemon that runs on every GPU node.
-This module speaks plain JSON dicts over a pooled ``urllib3`` connection (imported at
-the first request, after a daemon's sockets are up); the
+This module speaks plain JSON dicts over kept-alive connections
+(:mod:`dra_driver.plugin.httpconn`, made at the first request); the
 credentials (:mod:`dra_driver.plugin.kubecreds`: kubeconfig lists and contexts,
 certificates, tokens, exec plugins, in-cluster) are followed as they rotate: a
 changed client certificate file or exec certificate opens new connections, and
@@ -27,9 +27,10 @@ import threading
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import quote, urlencode
 
+from dra_driver.plugin.httpconn import HttpError, HttpPool, Stream
 from dra_driver.plugin.kubecreds import (
     IN_CLUSTER_SA_DIR,
     ExecPlugin,
@@ -39,9 +40,6 @@ from dra_driver.plugin.kubecreds import (
     load_in_cluster,
     load_kubeconfig,
 )
-
-if TYPE_CHECKING:
-    import urllib3
 
 __all__ = [
     "IN_CLUSTER_SA_DIR",
@@ -132,12 +130,11 @@ class KubeClient:
             if cred.cert_pem:
                 self._cert_pems = (cred.cert_pem, cred.key_pem)
         self._ssl = _ssl_context(config, *self._cert_pems)  # bad TLS material fails here
-        self._pool_now: urllib3.PoolManager | None = None
+        self._pool_now: HttpPool | None = None
 
     @property
-    def _http(self) -> urllib3.PoolManager:
-        """The connection pool, made at the first request: ``urllib3`` (and what it
-        imports) loads then, not while a daemon is still putting its sockets up."""
+    def _http(self) -> HttpPool:
+        """The connection pool, made at the first request."""
         pool = self._pool_now
         if pool is None:
             with self._cert_lock:
@@ -146,16 +143,8 @@ class KubeClient:
                 pool = self._pool_now
         return pool
 
-    def _pool(self) -> urllib3.PoolManager:
-        import urllib3
-
-        return urllib3.PoolManager(
-            num_pools=2,
-            maxsize=self._pool_size,
-            block=False,
-            ssl_context=self._ssl,
-            retries=False,
-        )
+    def _pool(self) -> HttpPool:
+        return HttpPool(self._config.server, ssl_context=self._ssl, maxsize=self._pool_size)
 
     def _use_cert(self, pems: tuple[str | None, str | None]) -> None:
         """Switch to another client certificate: new connections from now on."""
@@ -166,7 +155,7 @@ class KubeClient:
             self._ssl = _ssl_context(self._config, *pems)
             old, self._pool_now = self._pool_now, self._pool()
         if old is not None:
-            old.clear()
+            old.close()
 
     def _check_cert_files(self) -> None:
         """Re-read rotated client certificate files (at most every CERT_RECHECK_S)."""
@@ -194,7 +183,7 @@ class KubeClient:
 
     def close(self) -> None:
         if self._pool_now is not None:
-            self._pool_now.clear()
+            self._pool_now.close()
 
     # -- plumbing ------------------------------------------------------------
 
@@ -224,11 +213,8 @@ class KubeClient:
                 self._token_read_at = now
             return self._token
 
-    def _url(self, path: str, params: Mapping[str, str | int] | None) -> str:
-        url = self._config.server + path
-        if params:
-            url += "?" + urlencode(params)
-        return url
+    def _target(self, path: str, params: Mapping[str, str | int] | None) -> str:
+        return f"{path}?{urlencode(params)}" if params else path
 
     def request(
         self,
@@ -240,8 +226,6 @@ class KubeClient:
         content_type: str = "application/json",
     ) -> Obj:
         """One API call; returns the decoded JSON body or raises a :class:`KubeError`."""
-        import urllib3
-
         self._check_cert_files()
         data = json.dumps(body).encode() if body is not None else None
         for attempt in (0, 1):
@@ -251,16 +235,16 @@ class KubeClient:
             try:
                 resp = self._http.request(
                     method,
-                    self._url(path, params),
+                    self._target(path, params),
                     body=data,
                     headers=headers,
-                    timeout=urllib3.Timeout(total=self._timeout_s),
+                    timeout=self._timeout_s,
                 )
-            except urllib3.exceptions.HTTPError as exc:
+            except HttpError as exc:
                 raise KubeConnectionError(f"{method} {path}: {exc}") from exc
             if resp.status != 401 or self._exec is None:
                 break  # only an exec credential can be fetched anew
-        return _decode(method, path, resp.status, resp.data)
+        return _decode(method, path, resp.status, resp.body)
 
     # -- typed helpers used by the plugin --------------------------------------
 
@@ -328,8 +312,6 @@ class KubeClient:
         self, field_selector: str, resource_version: str, *, timeout_s: int = 300
     ) -> Watch:
         """Events after ``resource_version``; ends when the server closes (timeout_s)."""
-        import urllib3
-
         params: dict[str, str | int] = {
             "watch": "1",
             "fieldSelector": field_selector,
@@ -337,49 +319,43 @@ class KubeClient:
             "allowWatchBookmarks": "true",
             "timeoutSeconds": timeout_s,
         }
-        url = self._url(f"{RESOURCE_API}/resourceslices", params)
+        target = self._target(f"{RESOURCE_API}/resourceslices", params)
         try:
-            resp = self._http.request(
-                "GET",
-                url,
+            resp = self._http.stream(
+                target,
                 headers=self._headers(),
-                preload_content=False,
-                timeout=urllib3.Timeout(connect=self._timeout_s, read=timeout_s + 30),
+                connect_timeout=self._timeout_s,
+                read_timeout=timeout_s + 30,
             )
-        except urllib3.exceptions.HTTPError as exc:
+            if resp.status != 200:
+                _decode("GET", "watch resourceslices", resp.status, resp.body())
+        except HttpError as exc:
             raise KubeConnectionError(f"watch resourceslices: {exc}") from exc
-        if resp.status != 200:
-            data = resp.read()
-            resp.release_conn()
-            _decode("GET", "watch resourceslices", resp.status, data)
         return Watch(resp)
 
 
 class Watch:
     """Iterator of ``(type, object)``; :meth:`close` from any thread ends it."""
 
-    def __init__(self, resp: urllib3.BaseHTTPResponse) -> None:
+    def __init__(self, resp: Stream) -> None:
         self._resp = resp
 
     def __iter__(self) -> Iterator[tuple[str, Obj]]:
-        import urllib3
-
         buf = b""
         try:
-            for chunk in self._resp.stream(4096, decode_content=True):
+            for chunk in self._resp.chunks():
                 buf += chunk
                 while b"\n" in buf:
                     line, buf = buf.split(b"\n", 1)
                     if line.strip():
                         event = json.loads(line)
                         yield str(event.get("type", "")), dict(event.get("object") or {})
-        except (urllib3.exceptions.HTTPError, OSError, ValueError) as exc:
+        except (HttpError, OSError, ValueError) as exc:
             raise KubeConnectionError(f"watch stream broken: {exc}") from exc
         finally:
-            self._resp.release_conn()
+            self._resp.close()
 
     def close(self) -> None:
-        self._resp.shutdown()
         self._resp.close()
 
 
