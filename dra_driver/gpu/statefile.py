@@ -166,9 +166,8 @@ class CheckpointStore:
     def _decode(self, data: bytes) -> Checkpoint:
         """The file's content as a checkpoint the caller may change.
 
-        A call or two of every prepare and unprepare find the bytes the previous one
-        read (nothing was written in between): those are not parsed again, a copy of
-        the last result is returned. Only identical bytes count, never a timestamp
+        Every transaction but the first finds the bytes the previous one read or
+        wrote: those are not parsed again, a copy of that checkpoint is returned. Only identical bytes count, never a timestamp
         (coarse) or an inode (reused). Called under the lock, so one caller at a time."""
         if self._last is not None and self._last[0] == data:
             return copy_checkpoint(self._last[1])
@@ -205,6 +204,9 @@ class CheckpointStore:
             write_atomic(self.path, data, mode=0o600)
         except CdiError as exc:
             raise CheckpointError(str(exc)) from exc
+        # The next transaction reads these bytes back: it gets a copy of what was
+        # saved instead of decoding them (unless another writer changed the file).
+        self._last = (data, copy_checkpoint(checkpoint))
 
     def remove_temp_files(self, older_than_s: float = 60.0) -> None:
         """Temp files of writes a killed process left (never read: not ``*.json``); only

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from dra_driver.gpu import statefile
 from dra_driver.gpu.checkpoint import CheckpointError, SharedEntry
 from dra_driver.gpu.mpsdaemons import MpsDaemons
 from dra_driver.gpu.sharing import GpuCommands
@@ -267,3 +268,36 @@ def test_an_unchanged_file_is_not_decoded_again_and_changes_never_leak_into_the_
     path.write_text("{")  # and an unreadable file is reported, not the last good one
     with pytest.raises(CheckpointError, match="corrupt"), store.transaction():
         pass
+
+
+def test_a_save_is_read_back_as_saved_without_decoding_and_later_changes_do_not_leak(
+    node: Node, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After a save the next transaction reuses a copy of what was saved (the bytes it
+    reads are the ones written): equal to what a fresh process decodes from the file,
+    unknown fields included, and blind to changes made to the saved object after."""
+    node.preparer().prepare(claim())
+
+    def store() -> CheckpointStore:
+        return CheckpointStore(
+            state_dir=node.state_dir, proc_dir=node.host.proc(), logger=logging.getLogger("t")
+        )
+
+    ours = store()
+    with ours.transaction() as loaded:
+        entry = loaded.checkpoint.claims[UID]
+        entry.devices[0].extra["fromNewerPlugin"] = {"kept": [1, 2]}
+        ours.save(loaded.checkpoint)
+        entry.error = "changed after the save"
+    decodes: list[int] = []
+    real_decode = statefile.decode
+    monkeypatch.setattr(statefile, "decode", lambda raw: decodes.append(1) or real_decode(raw))
+    with ours.transaction() as loaded:
+        cached = loaded.checkpoint
+    assert decodes == []
+    with store().transaction() as loaded:
+        fresh = loaded.checkpoint
+    assert decodes == [1]
+    assert cached == fresh
+    assert cached.claims[UID].error == ""
+    assert cached.claims[UID].devices[0].extra["fromNewerPlugin"] == {"kept": [1, 2]}
