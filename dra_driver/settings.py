@@ -21,10 +21,10 @@ from dra_driver.envflags import env_name
 from dra_driver.errors import DriverError
 
 if TYPE_CHECKING:
+    from dra_driver.gpu.consumable import ConsumableGpus
     from dra_driver.gpu.devices import NumaAttributeForm
     from dra_driver.gpu.health import HealthPolicy
     from dra_driver.gpu.partitions import MigMode
-    from dra_driver.gpu.shares import ConsumableGpus
     from dra_driver.plugin.app import PluginSettings
 
 _LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"

@@ -19,10 +19,10 @@ from dra_driver.commands.discover import add_host_arguments, gpu_host
 from dra_driver.settings import host_settings
 
 if TYPE_CHECKING:
+    from dra_driver.gpu.consumable import ConsumableGpus
     from dra_driver.gpu.devices import NumaAttributeForm
     from dra_driver.gpu.inventory import Inventory
     from dra_driver.gpu.partitions import MigMode
-    from dra_driver.gpu.shares import ConsumableGpus
 
 NAME = "slices"
 HELP = "print the ResourceSlices this node would publish"
@@ -77,7 +77,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def consumable_gpus(text: str) -> ConsumableGpus:
     """argparse type of ``--consumable-gpus``."""
-    from dra_driver.gpu.shares import ConsumableGpus
+    from dra_driver.gpu.consumable import ConsumableGpus
 
     try:
         return ConsumableGpus.parse(text)
@@ -98,8 +98,9 @@ def resource_slices(
     consumable: ConsumableGpus | None = None,
 ) -> list[dict[str, Any]]:
     """The ResourceSlice objects for ``inventory``; raises SliceValidationError if invalid."""
+    from dra_driver.gpu.consumable import ConsumableGpus
     from dra_driver.gpu.devices import build_pool
-    from dra_driver.gpu.shares import ConsumableGpus, consumable_pool
+    from dra_driver.gpu.shares import consumable_pool
     from dra_driver.plugin.slices import slice_object, split_pool, validate_names, validate_pool
 
     validate_names(driver_name, node_name)

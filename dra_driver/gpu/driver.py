@@ -36,6 +36,7 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry
 
 from dra_driver.errors import DriverError
+from dra_driver.gpu.consumable import ConsumableGpus
 from dra_driver.gpu.devices import NumaAttributeForm, build_pool
 from dra_driver.gpu.devicestatus import device_status
 from dra_driver.gpu.discovery import DiscoveryError
@@ -53,12 +54,7 @@ from dra_driver.gpu.nvml import Nvml
 from dra_driver.gpu.nvmlmonitor import CallObserver
 from dra_driver.gpu.partitions import MigMode, OwnedInstance
 from dra_driver.gpu.preparing import ClaimPreparer
-from dra_driver.gpu.shares import (
-    ENFORCING_DRIVER,
-    ConsumableGpus,
-    can_enforce,
-    consumable_pool,
-)
+from dra_driver.gpu.shares import ENFORCING_DRIVER, can_enforce, consumable_pool
 from dra_driver.gpu.sharing import GpuTools
 from dra_driver.gpu.strategies.dynamicmig import owned_by
 from dra_driver.gpu.usage import UsageCollector, UsageSampler, targets_for

@@ -167,8 +167,9 @@ class CheckpointStore:
         """The file's content as a checkpoint the caller may change.
 
         Every transaction but the first finds the bytes the previous one read or
-        wrote: those are not parsed again, a copy of that checkpoint is returned. Only identical bytes count, never a timestamp
-        (coarse) or an inode (reused). Called under the lock, so one caller at a time."""
+        wrote: those are not parsed again, a copy of that checkpoint is returned. Only
+        identical bytes count, never a timestamp (coarse) or an inode (reused). Called
+        under the lock, so one caller at a time."""
         if self._last is not None and self._last[0] == data:
             return copy_checkpoint(self._last[1])
         raw = json.loads(data)

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from dra_driver.devcluster import ApiError, Cluster
-from dra_driver.gpu.shares import ConsumableGpus
+from dra_driver.gpu.consumable import ConsumableGpus
 from tests.e2e.helm import (
     CHART,
     MANIFESTS,

@@ -170,7 +170,7 @@ def test_per_claim_usage_labels_the_sharing_strategy(make_node, tmp_path: Path) 
 def test_consumable_gpus_are_published_and_what_cannot_work_is_said_at_start(
     make_node, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from dra_driver.gpu.shares import ConsumableGpus
+    from dra_driver.gpu.consumable import ConsumableGpus
 
     node = make_node("l4-x4")  # driver 580: shares cannot be enforced
     selection = ConsumableGpus(names=frozenset({"NVIDIA L4", "NVIDIA H100 80GB HBM3"}))
