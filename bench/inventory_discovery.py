@@ -20,7 +20,7 @@ builds running), two runs: discovery p50 5.5-10.2 ms, p99 8.2-42 ms (441 NVML ca
 ``dra_driver.cli`` 35-55 ms); ``dra-driver discover --emulate dgx-a100-mig -o json``
 355-465 ms wall; process start -> complete 16-device pool in the API server p50
 1.1-1.8 s (10 rounds, 1.0-2.9 s). Of that, about 0.1 s is publishing after discovery;
-the rest is interpreter start, imports (~0.33 s: grpc, urllib3, pynvml) and CPU
+the rest is interpreter start, imports (~0.33 s then: grpc, urllib3, pynvml) and CPU
 contention with the control plane on 2 cores.
 """
 
