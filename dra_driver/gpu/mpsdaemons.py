@@ -25,8 +25,9 @@ import shutil
 import signal
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from dra_driver.gpu.cdi import ContainerEdits, Mount
 from dra_driver.gpu.sharing import GpuCommands, GpuTools, ToolError
@@ -36,6 +37,9 @@ MIB = 1024 * 1024
 MPS_CONTAINER_PIPE = "/tmp/nvidia-mps"
 MPS_LONGEST_SOCKET = "control_privileged"
 """The longest socket name the control daemon creates in its pipe dir (driver 580)."""
+Done = Callable[[str], None]
+"""Records that a step took effect (a strategy's ``steps.done``); crash recovery and
+the chaos tests know the steps by these names."""
 
 
 def _claim_prefix(claim_uid: str) -> str:
@@ -55,6 +59,19 @@ def mps_id(claim_uid: str, uuids: Sequence[str]) -> str:
     made ``.../pipe/control_privileged`` 110 bytes, and the real daemon exited 1."""
     digest = hashlib.sha256(",".join(uuids).encode()).hexdigest()[:4]
     return f"{_claim_prefix(claim_uid)}{digest}"
+
+
+def recorded_id(record: Mapping[str, Any]) -> str:
+    """The daemon id a checkpoint unit records, checked: it names a directory we remove
+    and a daemon we stop."""
+    daemon_id = str(record.get("daemonId", ""))
+    if not is_mps_id(daemon_id):
+        raise ToolError(f"MPS daemon id {daemon_id!r} in the checkpoint is not one of ours")
+    return daemon_id
+
+
+def _no_record(_step: str) -> None:
+    pass
 
 
 class MpsDaemons:
@@ -217,11 +234,48 @@ class MpsDaemons:
         except OSError as exc:
             raise ToolError(f"remove {self.base(daemon_id)}: {exc.strerror}") from exc
 
-    def stop(self, daemon_id: str) -> None:
-        """Quit, unmount, remove: everything of one daemon."""
+    def bring_up(
+        self,
+        daemon_id: str,
+        uuids: Sequence[str],
+        *,
+        active_thread_percentage: int | None,
+        pinned_memory: Mapping[str, int],
+        done: Done,
+    ) -> None:
+        """Dirs, tmpfs, daemon, limits: one daemon ready for clients, each step recorded
+        as soon as it took effect (``pinned_memory``: bytes by UUID)."""
+        self.make_dirs(daemon_id)
+        done(f"mps-dirs:{daemon_id}")
+        self.mount_shm(daemon_id)
+        done(f"mps-shm:{daemon_id}")
+        self.start(daemon_id, uuids)
+        done(f"mps-daemon:{daemon_id}")
+        self.set_limits(
+            daemon_id,
+            uuids,
+            active_thread_percentage=active_thread_percentage,
+            pinned_memory=pinned_memory,
+        )
+        done(f"mps-limits:{daemon_id}")
+
+    def tear_down(self, daemon_id: str, done: Done = _no_record) -> None:
+        """Quit, unmount, remove: everything of one daemon, each step recorded."""
         self.quit(daemon_id)
+        done(f"mps-quit:{daemon_id}")
         self.unmount_shm(daemon_id)
+        done(f"mps-unmount:{daemon_id}")
         self.remove_dirs(daemon_id)
+        done(f"mps-remove:{daemon_id}")
+
+    def stop(self, daemon_id: str) -> None:
+        """Everything of one daemon, nothing recorded (start-up clean-up, tests)."""
+        self.tear_down(daemon_id)
+
+    def stop_claim(self, claim_uid: str) -> None:
+        """Every daemon of a claim the checkpoint no longer knows."""
+        for daemon_id in self.ids_for_claim(claim_uid):
+            self.stop(daemon_id)
 
     def ids_for_claim(self, claim_uid: str) -> list[str]:
         if not self._root.is_dir():

@@ -35,9 +35,9 @@ from dra_driver.gpu.config import (
     obj,
     parse_quantity,
 )
-from dra_driver.gpu.mpsdaemons import MpsDaemons, is_mps_id, mps_id
+from dra_driver.gpu.mpsdaemons import MpsDaemons, mps_id, recorded_id
 from dra_driver.gpu.shares import is_fractional
-from dra_driver.gpu.sharing import GpuCommands, ToolError
+from dra_driver.gpu.sharing import GpuCommands
 from dra_driver.gpu.strategies.base import Steps, Target, Unit
 
 NAME = "MPS"
@@ -148,53 +148,31 @@ class MpsStrategy:
         names = tuple(dict.fromkeys(t.name for t in targets))
         return [Unit(NAME, names, gpus=tuple(exclusive), record=record)]
 
-    @staticmethod
-    def _daemon_id(unit: Unit) -> str:
-        """The recorded id, checked: it names a directory we remove and a daemon we stop."""
-        daemon_id = str(unit.record.get("daemonId", ""))
-        if not is_mps_id(daemon_id):
-            raise ToolError(f"MPS daemon id {daemon_id!r} in the checkpoint is not one of ours")
-        return daemon_id
-
     def apply(self, unit: Unit, steps: Steps) -> None:
-        daemon_id = self._daemon_id(unit)
-        uuids = [str(u) for u in unit.record["uuids"]]
+        daemon_id = recorded_id(unit.record)
         for uuid in unit.record["exclusive"]:
             self._commands.set_compute_mode(str(uuid), "EXCLUSIVE_PROCESS")
             steps.done(f"compute-mode:{uuid}")
-        self._daemons.make_dirs(daemon_id)
-        steps.done(f"mps-dirs:{daemon_id}")
-        self._daemons.mount_shm(daemon_id)
-        steps.done(f"mps-shm:{daemon_id}")
-        self._daemons.start(daemon_id, uuids)
-        steps.done(f"mps-daemon:{daemon_id}")
         pct = unit.record.get("activeThreadPercentage")
-        self._daemons.set_limits(
+        self._daemons.bring_up(
             daemon_id,
-            uuids,
+            [str(u) for u in unit.record["uuids"]],
             active_thread_percentage=int(pct) if pct is not None else None,
             pinned_memory={str(k): int(v) for k, v in unit.record["pinnedMemory"].items()},
+            done=steps.done,
         )
-        steps.done(f"mps-limits:{daemon_id}")
 
     def undo(self, unit: Unit, steps: Steps) -> None:
-        daemon_id = self._daemon_id(unit)
-        self._daemons.quit(daemon_id)
-        steps.done(f"mps-quit:{daemon_id}")
-        self._daemons.unmount_shm(daemon_id)
-        steps.done(f"mps-unmount:{daemon_id}")
-        self._daemons.remove_dirs(daemon_id)
-        steps.done(f"mps-remove:{daemon_id}")
+        self._daemons.tear_down(recorded_id(unit.record), steps.done)
         for uuid in unit.record.get("exclusive", ()):
             self._commands.set_compute_mode(str(uuid), "DEFAULT")
             steps.done(f"compute-mode-reset:{uuid}")
 
     def edits(self, unit: Unit, device: str, edits: ContainerEdits) -> ContainerEdits:
-        return edits.merged(self._daemons.container_edits(self._daemon_id(unit)))
+        return edits.merged(self._daemons.container_edits(recorded_id(unit.record)))
 
     def forget(self, claim_uid: str) -> None:
-        for daemon_id in self._daemons.ids_for_claim(claim_uid):
-            self._daemons.stop(daemon_id)
+        self._daemons.stop_claim(claim_uid)
 
     def after_reboot(self) -> None:
         self._daemons.remove_all_dirs()

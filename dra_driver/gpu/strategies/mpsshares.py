@@ -47,7 +47,7 @@ from typing import Any
 from dra_driver.gpu.cdi import ContainerEdits
 from dra_driver.gpu.config import MIB, ConfigError, DeviceConfig
 from dra_driver.gpu.inventory import Gpu, Inventory
-from dra_driver.gpu.mpsdaemons import MpsDaemons, is_mps_id, mps_id
+from dra_driver.gpu.mpsdaemons import MpsDaemons, mps_id, recorded_id
 from dra_driver.gpu.naming import devices_by_name, gpu_name_of
 from dra_driver.gpu.shares import (
     ENFORCING_DRIVER,
@@ -155,38 +155,17 @@ class MpsSharesStrategy:
 
     # -- one claim's daemon ----------------------------------------------------------------
 
-    @staticmethod
-    def _daemon_id(unit: Unit) -> str:
-        daemon_id = str(unit.record.get("daemonId", ""))
-        if not is_mps_id(daemon_id):
-            raise ToolError(f"MPS daemon id {daemon_id!r} in the checkpoint is not one of ours")
-        return daemon_id
-
     def apply(self, unit: Unit, steps: Steps) -> None:
-        daemon_id = self._daemon_id(unit)
-        uuids = [str(u) for u in unit.record["uuids"]]
-        self._daemons.make_dirs(daemon_id)
-        steps.done(f"mps-dirs:{daemon_id}")
-        self._daemons.mount_shm(daemon_id)
-        steps.done(f"mps-shm:{daemon_id}")
-        self._daemons.start(daemon_id, uuids)
-        steps.done(f"mps-daemon:{daemon_id}")
-        self._daemons.set_limits(
-            daemon_id,
-            uuids,
+        self._daemons.bring_up(
+            recorded_id(unit.record),
+            [str(u) for u in unit.record["uuids"]],
             active_thread_percentage=int(unit.record["activeThreadPercentage"]),
             pinned_memory={str(u): int(m) * MIB for u, m in unit.record["memoryMiB"].items()},
+            done=steps.done,
         )
-        steps.done(f"mps-limits:{daemon_id}")
 
     def undo(self, unit: Unit, steps: Steps) -> None:
-        daemon_id = self._daemon_id(unit)
-        self._daemons.quit(daemon_id)
-        steps.done(f"mps-quit:{daemon_id}")
-        self._daemons.unmount_shm(daemon_id)
-        steps.done(f"mps-unmount:{daemon_id}")
-        self._daemons.remove_dirs(daemon_id)
-        steps.done(f"mps-remove:{daemon_id}")
+        self._daemons.tear_down(recorded_id(unit.record), steps.done)
 
     def edits(self, unit: Unit, device: str, edits: ContainerEdits) -> ContainerEdits:
         """The claim's pipe and ``/dev/shm``, and its limits for the client side (which
@@ -196,12 +175,11 @@ class MpsSharesStrategy:
         memory = unit.record["memoryMiB"]
         if len(memory) == 1:
             env.append(f"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0={int(next(iter(memory.values())))}M")
-        daemon = self._daemons.container_edits(self._daemon_id(unit))
+        daemon = self._daemons.container_edits(recorded_id(unit.record))
         return edits.merged(daemon).merged(ContainerEdits(env=tuple(env)))
 
     def forget(self, claim_uid: str) -> None:
-        for daemon_id in self._daemons.ids_for_claim(claim_uid):
-            self._daemons.stop(daemon_id)
+        self._daemons.stop_claim(claim_uid)
 
     def after_reboot(self) -> None:
         self._daemons.remove_all_dirs()
