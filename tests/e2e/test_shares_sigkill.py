@@ -34,7 +34,7 @@ from tests.e2e.scenarios import (
     plugin_records,
     tool_calls,
 )
-from tests.e2e.shares import PROFILE, assert_consistent, daemons, share_pod
+from tests.e2e.shares import PROFILE, assert_consistent, checkpoint, daemons, share_pod
 
 
 @pytest.fixture(scope="module")
@@ -92,6 +92,10 @@ def kill_while(node: GpuNode, call: Any, pattern: str) -> None:
     hold(node, None)
     node.start_plugin()
     node.harness.wait_registered(node.driver, after_seq=seq, timeout=30)
+    # The sockets come up before the GPU layer and its start-up recovery (a kubelet call
+    # waits for it): look at the state once recovery has settled every interrupted claim.
+    wait_until(lambda: all(e["state"] == "Prepared" for e in checkpoint(node)["claims"].values()),
+               timeout=30, what="recovery of the interrupted claim at restart")  # fmt: skip
 
 
 def test_sigkill_during_share_prepare_and_unprepare_leaves_the_daemons_as_recorded(
