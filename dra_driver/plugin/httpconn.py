@@ -131,14 +131,33 @@ def _exact(f: BinaryIO, length: int) -> bytes:
     return data
 
 
+def _chunked(headers: Mapping[str, str]) -> bool:
+    return "chunked" in headers.get("transfer-encoding", "").lower()
+
+
+def _body(f: BinaryIO, headers: Mapping[str, str]) -> Iterator[bytes]:
+    """The body as it arrives, framed as the headers say: chunked, ``Content-Length``,
+    or (neither) up to the server's close."""
+    if _chunked(headers):
+        yield from _chunks(f)
+    elif "content-length" in headers:
+        yield _exact(f, int(headers["content-length"]))
+    else:
+        while data := f.read1(65536):  # type: ignore[attr-defined]
+            yield data
+
+
 def _close_all(conns: list[_Conn]) -> None:
     for conn in conns:
         conn.close()
 
 
-def _keeps_alive(version: str, headers: Mapping[str, str]) -> bool:
+def _keeps_alive(version: str, headers: Mapping[str, str], *, bodyless: bool) -> bool:
+    """Reusable after this answer: HTTP/1.1, not ``Connection: close``, and a body whose
+    end was known (one read up to the server's close used the connection up)."""
     tokens = {t.strip().lower() for t in headers.get("connection", "").split(",")}
-    return version == "HTTP/1.1" and "close" not in tokens
+    framed = bodyless or _chunked(headers) or "content-length" in headers
+    return version == "HTTP/1.1" and "close" not in tokens and framed
 
 
 class HttpPool:
@@ -155,8 +174,8 @@ class HttpPool:
         if url.scheme == "https" and self._tls is None:
             raise ValueError(f"server {server!r}: https needs a TLS context")
         self._host = url.hostname
-        self._port = url.port or (443 if url.scheme == "https" else 80)
         default = 443 if url.scheme == "https" else 80
+        self._port = url.port or default
         host = f"[{self._host}]" if ":" in self._host else self._host
         self._host_header = host if self._port == default else f"{host}:{self._port}"
         self._prefix = url.path.rstrip("/")
@@ -269,22 +288,15 @@ class HttpPool:
             method, target, headers, body, timeout, timeout
         )
         try:
-            if method == "HEAD" or status in (204, 304):
-                data = b""
-            elif "chunked" in resp_headers.get("transfer-encoding", "").lower():
-                data = b"".join(_chunks(conn.rfile))
-            elif "content-length" in resp_headers:
-                data = _exact(conn.rfile, int(resp_headers["content-length"]))
-            else:
-                data = conn.rfile.read()
-                resp_headers["connection"] = "close"
+            bodyless = method == "HEAD" or status in (204, 304)
+            data = b"" if bodyless else b"".join(_body(conn.rfile, resp_headers))
         except (OSError, ssl.SSLError, ValueError) as exc:
             conn.close()
             raise HttpError(f"{method} {target}: reading the body: {exc}") from exc
         except HttpError:
             conn.close()
             raise
-        if _keeps_alive(version, resp_headers):
+        if _keeps_alive(version, resp_headers, bodyless=bodyless):
             self._checkin(conn)
         else:
             conn.close()
@@ -316,15 +328,8 @@ class Stream:
         self.headers = headers
 
     def chunks(self) -> Iterator[bytes]:
-        f = self._conn.rfile
         try:
-            if "chunked" in self.headers.get("transfer-encoding", "").lower():
-                yield from _chunks(f)
-            elif "content-length" in self.headers:
-                yield _exact(f, int(self.headers["content-length"]))
-            else:
-                while data := f.read1(65536):  # type: ignore[attr-defined]
-                    yield data
+            yield from _body(self._conn.rfile, self.headers)
         except (OSError, ssl.SSLError, ValueError) as exc:
             raise HttpError(f"stream broken: {exc}") from exc
         finally:

@@ -144,6 +144,17 @@ def test_a_closed_idle_connection_is_not_reused(serve: Serve) -> None:
     assert server2.connections == 2
 
 
+def test_a_body_without_framing_is_read_to_the_close_and_its_connection_not_reused(
+    serve: Serve,
+) -> None:
+    server, pool = serve([raw(b"HTTP/1.1 200 OK\r\n\r\n{\"to\": \"the end\"}", keep=False),
+                          reply()])  # fmt: skip
+    assert pool.request("GET", "/1", headers={}).body == b'{"to": "the end"}'
+    assert pool._idle == []  # used up: never pooled (the idle check would hide it)
+    assert pool.request("GET", "/2", headers={}).status == 200
+    assert server.connections == 2
+
+
 def test_a_reused_connection_that_dies_before_answering_is_retried_only_when_idempotent(
     serve: Serve,
 ) -> None:
