@@ -8,6 +8,7 @@ import os
 import select
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -120,3 +121,30 @@ class Client:
         except (BrokenPipeError, ValueError, subprocess.TimeoutExpired):
             self.proc.kill()
             self.proc.communicate(timeout=10)
+
+
+def mps_mounts(cdi_dir: Path, uid: str) -> tuple[str, str]:
+    """The claim's MPS pipe and /dev/shm host paths, from its CDI spec."""
+    spec = json.loads((cdi_dir / f"k8s.gpu.nvidia.com-claim_{uid}.json").read_text())
+    mounts = {
+        m["containerPath"]: m["hostPath"]
+        for d in spec["devices"]
+        for m in d["containerEdits"].get("mounts", [])
+    }
+    return mounts["/tmp/nvidia-mps"], mounts["/dev/shm"]
+
+
+def compute_mode(tools: GpuTools, index: int) -> str:
+    return query(tools, ["compute_mode"])[index]["compute_mode"]
+
+
+def assert_nothing_left(tools: GpuTools, index: int, state: Path, pipes: list[str]) -> None:
+    deadline = time.monotonic() + 15
+    while (mps_processes() or any(Path(p).exists() for p in pipes)) and (
+        time.monotonic() < deadline
+    ):
+        time.sleep(0.2)
+    assert mps_processes() == []
+    assert [p for p in pipes if Path(p).exists()] == []
+    assert mounts_under(state) == []
+    assert compute_mode(tools, index) == "Default"

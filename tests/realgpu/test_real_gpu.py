@@ -18,8 +18,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -30,7 +28,18 @@ from dra_driver.gpu.partitions import capacity, partitions
 from dra_driver.gpu.preparing import ClaimPreparer
 from dra_driver.gpu.sharing import GpuTools
 from dra_driver.plugin.resources import Version
-from tests.realgpu.realhost import query, real_claim, record, sh, smi, spec_of
+from tests.realgpu.realhost import (
+    Client,
+    assert_nothing_left,
+    compute_mode,
+    mps_mounts,
+    query,
+    real_claim,
+    record,
+    sh,
+    smi,
+    spec_of,
+)
 
 REPO = Path(__file__).parents[2]
 MIB = 1024 * 1024
@@ -247,57 +256,40 @@ def test_time_slicing_is_set_and_restored(
     assert re.search(r"Timeslice\s+Default", after), after
 
 
-MPS_CLIENT = """
-import ctypes, sys
-cuda = ctypes.CDLL("libcuda.so.1")
-assert cuda.cuInit(0) == 0, "cuInit"
-dev = ctypes.c_int(); ctx = ctypes.c_void_p()
-assert cuda.cuDeviceGet(ctypes.byref(dev), 0) == 0, "cuDeviceGet"
-rc = cuda.cuCtxCreate_v2(ctypes.byref(ctx), 0, dev)
-assert rc == 0, f"cuCtxCreate {rc}"
-ptr = ctypes.c_uint64()
-assert cuda.cuMemAlloc_v2(ctypes.byref(ptr), 1 << 20) == 0, "cuMemAlloc"
-print("client ok")
-"""
-
-
 def test_mps_daemon_serves_a_cuda_client_and_is_gone_after_unprepare(
-    preparer: ClaimPreparer, inventory: Inventory, tools: GpuTools, tmp_path: Path
-) -> None:
+    preparer: ClaimPreparer, inventory: Inventory, tools: GpuTools, tmp_path: Path,
+    state_dir: Path,
+) -> None:  # fmt: skip
     gpu = min(inventory.gpus, key=lambda g: g.minor)
     c = real_claim(f"gpu-{gpu.minor}", {"strategy": "MPS", "mpsConfig": {
         "defaultActiveThreadPercentage": 50,
         "defaultPinnedDeviceMemoryLimit": "10Gi"}})  # fmt: skip
     preparer.prepare(c)
-    spec = spec_of(tmp_path / "cdi")
-    (device,) = spec["devices"]
-    mounts = {m["containerPath"]: m["hostPath"] for m in device["containerEdits"]["mounts"]}
-    pipe = mounts["/tmp/nvidia-mps"]
+    pipe, shm = mps_mounts(tmp_path / "cdi", c.ref.uid)
     env = {**os.environ, "CUDA_MPS_PIPE_DIRECTORY": pipe}
-    mode = query(tools, ["compute_mode"])[gpu.index]["compute_mode"]
-    # A CUDA client through the claim's daemon (as a container would, via the pipe).
-    client = sh(sys.executable, "-c", MPS_CLIENT, env=env, timeout=120)
-    ctl = str(tools.mps_control)
-    servers = subprocess.run([ctl], input="get_server_list\n", capture_output=True, text=True,
-                             env=env, timeout=30, check=False).stdout.split()  # fmt: skip
-    assert servers, "no MPS server started for the client"
-    pct = subprocess.run([ctl], input=f"get_active_thread_percentage {servers[0]}\n",
-                         capture_output=True, text=True, env=env, timeout=30,
-                         check=False).stdout  # fmt: skip
-    limit = subprocess.run([ctl], input=f"get_device_pinned_mem_limit {servers[0]} 0\n",
-                           capture_output=True, text=True, env=env, timeout=30,
-                           check=False).stdout  # fmt: skip
-    record("MPS", f"compute mode during: {mode}\nclient: {client}\nservers: {servers}\n"
-                  f"active thread %: {pct}\npinned limit dev 0: {limit}")  # fmt: skip
-    assert "client ok" in client
+    mode = compute_mode(tools, gpu.index)
+    # A CUDA client through the claim's daemon, as a container would (its pipe and shm).
+    client = Client("one", pipe, shm)
+    try:
+        allocated = client.alloc(1 / 1024) if client.up else None  # 1 MiB
+        ctl = str(tools.mps_control)
+        servers = subprocess.run([ctl], input="get_server_list\n", capture_output=True,
+                                 text=True, env=env, timeout=30,
+                                 check=False).stdout.split()  # fmt: skip
+        assert servers, "no MPS server started for the client"
+        pct = subprocess.run([ctl], input=f"get_active_thread_percentage {servers[0]}\n",
+                             capture_output=True, text=True, env=env, timeout=30,
+                             check=False).stdout  # fmt: skip
+        limit = subprocess.run([ctl], input=f"get_device_pinned_mem_limit {servers[0]} 0\n",
+                               capture_output=True, text=True, env=env, timeout=30,
+                               check=False).stdout  # fmt: skip
+    finally:
+        client.close()
+    record("MPS", f"compute mode during: {mode}\nclient: {client.hello} alloc 1 MiB: "
+                  f"{allocated}\nservers: {servers}\nactive thread %: {pct}\n"
+                  f"pinned limit dev 0: {limit}")  # fmt: skip
+    assert client.up and allocated == 0, client.hello
     assert mode == "Exclusive_Process"
     assert float(pct.strip()) == 50.0
     preparer.unprepare(c.ref)
-    deadline = time.monotonic() + 10
-    while Path(pipe).exists() and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert not Path(pipe).exists()
-    # Zombies are init's to reap (this VM's init leaves the daemon's forked parent).
-    procs = [line for line in sh("ps", "-eo", "stat=,comm=").splitlines() if "mps" in line]
-    assert all(line.lstrip().startswith("Z") for line in procs), procs
-    assert query(tools, ["compute_mode"])[gpu.index]["compute_mode"] == "Default"
+    assert_nothing_left(tools, gpu.index, state_dir, [pipe])

@@ -12,7 +12,6 @@ goes to the record (``DRA_GPU_RECORD``) for the README's "Fractional GPUs" table
 from __future__ import annotations
 
 import json
-import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -28,41 +27,14 @@ from dra_driver.plugin.claims import ClaimRef
 from tests.prepare.hosttree import share_claim
 from tests.realgpu.realhost import (
     Client,
-    mounts_under,
-    mps_processes,
-    query,
+    assert_nothing_left,
+    compute_mode,
+    mps_mounts,
     real_claim,
     record,
 )
 
 OOM = 2  # CUDA_ERROR_OUT_OF_MEMORY
-
-
-def mps_mounts(cdi_dir: Path, uid: str) -> tuple[str, str]:
-    """The claim's MPS pipe and /dev/shm host paths, from its CDI spec."""
-    spec = json.loads((cdi_dir / f"k8s.gpu.nvidia.com-claim_{uid}.json").read_text())
-    mounts = {
-        m["containerPath"]: m["hostPath"]
-        for d in spec["devices"]
-        for m in d["containerEdits"].get("mounts", [])
-    }
-    return mounts["/tmp/nvidia-mps"], mounts["/dev/shm"]
-
-
-def compute_mode(tools: GpuTools, index: int) -> str:
-    return query(tools, ["compute_mode"])[index]["compute_mode"]
-
-
-def assert_nothing_left(tools: GpuTools, index: int, state: Path, pipes: list[str]) -> None:
-    deadline = time.monotonic() + 15
-    while (mps_processes() or any(Path(p).exists() for p in pipes)) and (
-        time.monotonic() < deadline
-    ):
-        time.sleep(0.2)
-    assert mps_processes() == []
-    assert [p for p in pipes if Path(p).exists()] == []
-    assert mounts_under(state) == []
-    assert compute_mode(tools, index) == "Default"
 
 
 def test_two_mps_clients_with_different_limits_on_one_gpu(
