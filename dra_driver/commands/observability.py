@@ -1,16 +1,17 @@
 """Flags of the kubelet plugin for health, metrics, usage and claim status (each with its
-``DRA_*`` variable, :mod:`dra_driver.envflags`), and what they turn into: the health policy.
+``DRA_*`` variable, :mod:`dra_driver.envflags`), and what they turn into: the health
+settings.
 
 Kept apart from the command's other flags so the daemon's composition root stays short.
+The settings are plain values, not the GPU layer's ``HealthPolicy``: parsing flags must
+not import the GPU layer, which the daemon loads only after its sockets are served.
 """
 
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from dra_driver.gpu.health import HealthPolicy
+from dataclasses import dataclass
+from typing import Literal
 
 _DEFAULT_IGNORED = "13,31,43,45,68,109"
 
@@ -103,12 +104,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
 
 
-def health_policy(args: argparse.Namespace) -> HealthPolicy | None:
-    from dra_driver.gpu.health import HealthPolicy
+@dataclass(frozen=True)
+class HealthSettings:
+    """What ``--health-*``, ``--ignored-xids`` and ``--fatal-taint-effect`` ask of the
+    GPU layer's ``HealthPolicy`` (same fields, same meaning)."""
 
+    ignored_xids: frozenset[int]
+    healthy_period_s: float
+    check_interval_s: float
+    fatal_effect: Literal["NoSchedule", "NoExecute"]
+
+
+def health_settings(args: argparse.Namespace) -> HealthSettings | None:
+    """None when health monitoring is off."""
     if not args.health_monitor:
         return None
-    return HealthPolicy(
+    return HealthSettings(
         ignored_xids=args.ignored_xids,
         healthy_period_s=args.healthy_period,
         check_interval_s=args.health_check_interval,
