@@ -18,7 +18,7 @@ devices in the API server, idle RSS, prepare of 1 claim and unprepare (p50 of 50
 prepare+unprepare cycles (from ``/proc/<pid>/stat``, over 300 cycles). The
 figures are medians of the per-trial values; ratios are ours / Go. Our package is
 compiled to bytecode first, as installing the wheel in the image does
-(:mod:`bench.bytecode`).
+(:mod:`bench.bytecode`), and both plugins get the admin kubeconfig as JSON.
 ``--soak N`` then runs N prepare+unprepare cycles on ours alone and samples RSS,
 open file descriptors and threads every N/10 cycles.
 
@@ -190,7 +190,7 @@ def _fresh(work: Path) -> None:
 
 
 def trial(
-    cluster: Any, plugin: Plugin, claims: list[Any], work: Path, cycles: int
+    cluster: Any, plugin: Plugin, claims: list[Any], work: Path, cycles: int, kubeconfig: Path
 ) -> dict[str, Any]:
     _fresh(work)
     _delete_slices(cluster, plugin)
@@ -198,7 +198,7 @@ def trial(
     log = (work / f"{plugin.label}.log").open("ab")
     t0 = time.perf_counter()
     proc = subprocess.Popen(
-        plugin.argv(work, cluster.kubeconfig), stdout=log, stderr=subprocess.STDOUT,
+        plugin.argv(work, kubeconfig), stdout=log, stderr=subprocess.STDOUT,
         env={**{k: v for k, v in os.environ.items() if not k.startswith("DRA_")}, **plugin.env},
     )  # fmt: skip
     try:
@@ -245,12 +245,14 @@ def trial(
     }
 
 
-def soak(cluster: Any, plugin: Plugin, claim: Any, work: Path, cycles: int) -> list[dict[str, Any]]:
+def soak(
+    cluster: Any, plugin: Plugin, claim: Any, work: Path, cycles: int, kubeconfig: Path
+) -> list[dict[str, Any]]:
     """RSS, fds and threads of ours every cycles/10 prepare+unprepare cycles."""
     _fresh(work)
     registration = work / "registry" / f"{plugin.driver}-reg.sock"
     with (work / "soak.log").open("ab") as log:
-        proc = subprocess.Popen(plugin.argv(work, cluster.kubeconfig), stdout=log,
+        proc = subprocess.Popen(plugin.argv(work, kubeconfig), stdout=log,
                                 stderr=subprocess.STDOUT)  # fmt: skip
     try:
         _wait(registration.exists, proc, "registration socket")
@@ -272,6 +274,16 @@ def soak(cluster: Any, plugin: Plugin, claim: Any, work: Path, cycles: int) -> l
 
 
 # -- claims ----------------------------------------------------------------------------
+
+
+def json_kubeconfig(path: Path, out: Path) -> Path:
+    """The admin kubeconfig as JSON, for both plugins: in a pod neither reads YAML (the
+    in-cluster config), and our daemon reads a JSON kubeconfig without importing PyYAML."""
+    import yaml
+
+    out.write_text(json.dumps(yaml.safe_load(path.read_text())))
+    out.chmod(0o600)
+    return out
 
 
 def make_claims(cluster: Any, plugin: Plugin, namespace: str) -> list[Any]:
@@ -325,6 +337,7 @@ def _run(args: argparse.Namespace, binary: Path, work: Path) -> int:
 
     load = [os.getloadavg()]
     with Cluster(find_binaries(), work / "cluster") as cluster:
+        kubeconfig = json_kubeconfig(cluster.kubeconfig, work / "kubeconfig.json")
         plugins = [ours("bench-ours"), reference("bench-go", binary)]
         cluster.create_namespace("bench")
         claims = {}
@@ -336,12 +349,12 @@ def _run(args: argparse.Namespace, binary: Path, work: Path) -> int:
         for t in range(args.trials):
             for p in plugins if t % 2 == 0 else reversed(plugins):
                 results[p.label].append(
-                    trial(cluster, p, claims[p.label], work / p.label, args.cycles)
+                    trial(cluster, p, claims[p.label], work / p.label, args.cycles, kubeconfig)
                 )
             load.append(os.getloadavg())
             print(f"trial {t + 1}/{args.trials} done, load {load[-1][0]:.2f}", file=sys.stderr)
-        soaked = soak(cluster, plugins[0], claims["ours"][0], work / "ours", args.soak) if (
-            args.soak) else []  # fmt: skip
+        soaked = soak(cluster, plugins[0], claims["ours"][0], work / "ours", args.soak,
+                      kubeconfig) if args.soak else []  # fmt: skip
     medians = {
         label: {k: round(statistics.median(r[k] for r in runs), 2) for k in runs[0]}
         for label, runs in results.items()

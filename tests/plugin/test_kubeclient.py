@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import base64
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -122,3 +125,30 @@ def test_exec_plugin_of_the_wrong_api_version_is_refused(tmp_path: Path) -> None
     )
     with pytest.raises(KubeConfigError, match="v1alpha1' is not one of"):
         load_kubeconfig(path)
+
+
+def test_json_yaml_flow_style_and_broken_kubeconfigs(tmp_path: Path) -> None:
+    """JSON is read without PyYAML; YAML flow style starts with "{" too and is YAML;
+    a file that is neither names the file."""
+    doc = {
+        "current-context": "c",
+        "contexts": [{"name": "c", "context": {"cluster": "k", "user": "u"}}],
+        "clusters": [{"name": "k", "cluster": {"server": "https://json:6443"}}],
+        "users": [{"name": "u", "user": {"token": "t"}}],
+    }
+    (tmp_path / "json").write_text(json.dumps(doc, indent=1))
+    assert load_kubeconfig(tmp_path / "json").server == "https://json:6443"
+    flow = yaml.safe_dump(doc, default_flow_style=True).replace('"', "")
+    (tmp_path / "flow").write_text(flow.replace("json", "flow"))
+    assert flow.startswith("{") and load_kubeconfig(tmp_path / "flow").server == (
+        "https://flow:6443"
+    )
+    (tmp_path / "broken").write_text("{clusters: [")
+    with pytest.raises(KubeConfigError, match=r"kubeconfig .*broken: cannot read"):
+        load_kubeconfig(tmp_path / "broken")
+    code = (
+        "import sys; from dra_driver.plugin.kubecreds import load_kubeconfig\n"
+        f"load_kubeconfig({str(tmp_path / 'json')!r}); print('yaml' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
