@@ -9,6 +9,8 @@ life of the process: one per name ever used, i.e. per GPU plus the checkpoint.
 
 Names are taken in sorted order, so two callers that want overlapping sets
 never deadlock. A wait longer than its timeout raises :class:`LockTimeout`.
+:meth:`NodeLocks.hold_if_free` never waits: a caller that already holds a lock
+taken after these (the checkpoint's, after a GPU's) may use it.
 """
 
 from __future__ import annotations
@@ -67,6 +69,20 @@ class _Lock:
             self.thread_lock.release()
             raise
 
+    def try_acquire(self) -> bool:
+        """Take the lock if nobody holds it now; never waits."""
+        if not self.thread_lock.acquire(blocking=False):
+            return False
+        try:
+            fcntl.flock(self._descriptor(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            self.thread_lock.release()
+            return False
+        except BaseException:
+            self.thread_lock.release()
+            raise
+
     def release(self) -> None:
         try:
             if self._fd is not None:
@@ -103,6 +119,30 @@ class NodeLocks:
                 lock.acquire(name, timeout_s)
                 stack.callback(lock.release)
             yield
+
+    @contextmanager
+    def hold_if_free(self, names: Iterable[str]) -> Iterator[bool]:
+        """Hold every lock in ``names`` if none is held now, without waiting; yields
+        whether it does (then until the block ends; else nothing is held). Safe while
+        holding a lock that holders of these take after them: nothing waits, so no
+        deadlock."""
+        held: list[_Lock] = []
+        try:
+            for name in sorted(set(names)):
+                lock = self._get(name)
+                if not lock.try_acquire():
+                    break
+                held.append(lock)
+            else:
+                yield True
+                return
+            for lock in reversed(held):
+                lock.release()
+            held = []
+            yield False
+        finally:
+            for lock in reversed(held):
+                lock.release()
 
     def close(self) -> None:
         with self._guard:

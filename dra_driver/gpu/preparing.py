@@ -5,8 +5,10 @@ Prepare:
 1. Plan without side effects (:mod:`dra_driver.gpu.planning`); bad input fails
    here and nothing is written.
 2. Fast path, under the checkpoint lock only: a ``Prepared`` entry for the same
-   allocation whose CDI spec exists is returned as it is.
-3. Hold the claim's GPU locks (claims on other GPUs go on in parallel). An
+   allocation whose CDI spec exists is returned as it is. A claim without an
+   entry whose GPUs nobody holds is recorded (step 4) in that same transaction,
+   its GPU locks taken without waiting (the common case: one transaction).
+3. Else hold the claim's GPU locks (claims on other GPUs go on in parallel). An
    older entry of the claim (an interrupted prepare, an unfinished teardown, a
    vanished spec) is torn down first.
 4. Record ``Preparing`` with the devices and every unit, then apply unit by
@@ -17,10 +19,11 @@ Prepare:
 
 Unprepare (teardown): hold the GPU locks, record ``Unpreparing``, undo the
 units in reverse, release shared resources no other claim uses, remove the
-spec, drop the entry. A step that fails fails the unprepare and keeps the
-entry; the kubelet retries, every step being idempotent. An unknown claim's
-leftovers (files named after its UID) are removed, so unprepare is safe after
-the checkpoint was moved aside.
+spec, drop the entry. A claim without units whose GPUs nobody holds has only
+its spec removed and its entry dropped in the transaction that found it. A step
+that fails fails the unprepare and keeps the entry; the kubelet retries, every
+step being idempotent. An unknown claim's leftovers (files named after its UID)
+are removed, so unprepare is safe after the checkpoint was moved aside.
 
 Every step reports ``on_step(name)`` after it acted; the crash tests SIGKILL the
 process there. After a restart, :meth:`ClaimPreparer.recover` finishes every
@@ -34,7 +37,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -159,16 +162,24 @@ class ClaimPreparer:
             spec = cdi.transient_spec_path(self._cdi_dir, self.kind, claim.uid)
             locks = set(plan.locks)
             while True:
-                # Without GPU locks: a repeated prepare (every pod sharing the claim) never
-                # waits for another claim's work on the same GPU.
-                with self._store.transaction() as loaded:
-                    self._handle_reboot(loaded)
-                    entry = loaded.checkpoint.claims.get(claim.uid)
-                    if self._is_prepared(entry, records, spec):
-                        assert entry is not None
-                        log.debug("claim already prepared")
-                        return _result(entry)
-                    locks |= _locks_of(entry)
+                # Without waiting for GPU locks: a repeated prepare (every pod sharing the
+                # claim) never waits for another claim's work on the same GPU. A new claim
+                # whose GPUs are free is recorded in this same transaction (their locks
+                # taken without waiting), the common case in one checkpoint transaction.
+                with ExitStack() as held:
+                    with self._store.transaction() as loaded:
+                        self._handle_reboot(loaded)
+                        entry = loaded.checkpoint.claims.get(claim.uid)
+                        if self._is_prepared(entry, records, spec):
+                            assert entry is not None
+                            log.debug("claim already prepared")
+                            return _result(entry)
+                        locks |= _locks_of(entry)
+                        new = None
+                        if entry is None and held.enter_context(self._locks.hold_if_free(locks)):
+                            new = self._record(plan, records, loaded)
+                    if new is not None:
+                        return self._apply(plan, new, log, locks)
                 try:
                     with self._hold(locks):
                         return self._prepare_locked(plan, records, spec, locks, log)
@@ -177,18 +188,31 @@ class ClaimPreparer:
 
     def unprepare(self, ref: ClaimRef) -> None:
         log = claim_logger(self._log, ref.uid, ref.namespace, ref.name)
-        with self._errors(f"unprepare claim {ref}"):
+        what = f"unprepare claim {ref}"
+        with self._errors(what):
             while True:
-                with self._store.transaction() as loaded:
-                    self._handle_reboot(loaded)
-                    entry = loaded.checkpoint.claims.get(ref.uid)
-                    if entry is None:
-                        self._forget(ref.uid)  # under the lock: no prepare records it meanwhile
+                with ExitStack() as held:
+                    with self._store.transaction() as loaded:
+                        self._handle_reboot(loaded)
+                        entry = loaded.checkpoint.claims.get(ref.uid)
+                        if entry is None:
+                            self._forget(ref.uid)  # under the lock: no prepare records it
+                            return
+                        locks = _locks_of(entry)
+                        # Only a spec to remove, and nobody working on its GPUs (a prepare
+                        # of this claim between its record and its spec): done right here.
+                        quick = not entry.units and held.enter_context(
+                            self._locks.hold_if_free(locks)
+                        )
+                        if quick:
+                            self._drop_spec_and_entry(ref.uid, loaded, log, what)
+                    if quick:
+                        self._on_step("checkpoint-removed")
+                        log.info("claim unprepared")
                         return
-                    locks = _locks_of(entry)
                 try:
                     with self._hold(locks):
-                        self._teardown(ref.uid, log, f"unprepare claim {ref}", locks)
+                        self._teardown(ref.uid, log, what, locks)
                 except _MoreLocks:
                     continue  # the entry changed while we waited: look again
                 log.info("claim unprepared")
@@ -280,34 +304,44 @@ class ClaimPreparer:
         ``Prepared`` at once. The spec is written last: ``Prepared`` without a spec is an
         interrupted prepare, never a prepared claim."""
         claim = plan.claim
-        entry = ClaimEntry(
-            state=PREPARING if plan.units else PREPARED,
-            namespace=claim.ref.namespace,
-            name=claim.ref.name,
-            devices=records,
-            units=list(plan.units),
-        )
         with self._store.transaction() as loaded:
-            cp = loaded.checkpoint
-            old = cp.claims.get(claim.uid)
+            old = loaded.checkpoint.claims.get(claim.uid)
             if self._is_prepared(old, records, spec):
                 assert old is not None
                 return _result(old)  # prepared by someone else while we waited
             if not _locks_of(old) <= locks:
                 raise _MoreLocks(_locks_of(old))
             if old is None:
-                check_conflicts(cp, claim.uid, entry)
-                cp.claims[claim.uid] = entry
-                self._store.save(cp)
+                entry = self._record(plan, records, loaded)
         if old is not None:
             log.warning(
                 "tearing down what an earlier preparation left first", extra={"state": old.state}
             )
             self._teardown(claim.uid, log, f"prepare claim {claim.ref}", locks)
             with self._store.transaction() as loaded:
-                check_conflicts(loaded.checkpoint, claim.uid, entry)
-                loaded.checkpoint.claims[claim.uid] = entry
-                self._store.save(loaded.checkpoint)
+                entry = self._record(plan, records, loaded)
+        return self._apply(plan, entry, log, locks)
+
+    def _record(self, plan: ClaimPlan, records: list[DeviceRecord], loaded: Loaded) -> ClaimEntry:
+        """Record the claim (no entry yet) in the open transaction, under its GPU locks."""
+        entry = ClaimEntry(
+            state=PREPARING if plan.units else PREPARED,
+            namespace=plan.claim.ref.namespace,
+            name=plan.claim.ref.name,
+            devices=records,
+            units=list(plan.units),
+        )
+        check_conflicts(loaded.checkpoint, plan.claim.uid, entry)
+        loaded.checkpoint.claims[plan.claim.uid] = entry
+        self._store.save(loaded.checkpoint)
+        return entry
+
+    def _apply(
+        self, plan: ClaimPlan, entry: ClaimEntry, log: ContextLogger, locks: set[str]
+    ) -> list[PreparedDevice]:
+        """Under the GPU locks, the entry recorded: apply the units, write the spec;
+        roll everything back on any exception."""
+        claim = plan.claim
         self._on_step(f"checkpoint-{entry.state.lower()}")
         try:
             units = list(plan.units)  # record() updates land here too

@@ -143,3 +143,45 @@ def test_a_second_plugin_process_shares_the_checkpoint_without_corrupting_it(
     assert errors == []
     assert json.loads((node16.state_dir / "checkpoint.json").read_text())["claims"] == {}
     assert gputools.read_record(node16.record)  # the tools really ran
+
+
+def test_a_claim_without_units_takes_one_checkpoint_transaction_each_way(node16: Node) -> None:
+    """Free GPUs: the claim is recorded, and dropped, in the transaction that looked."""
+    p = node16.preparer()
+    store, opened = p._store, []
+    transaction = store.transaction
+
+    def counted():  # type: ignore[no-untyped-def]
+        opened.append(1)
+        return transaction()
+
+    store.transaction = counted  # type: ignore[method-assign]
+    c = claim(uid=uid(1), name="c1", devices=[("gpu", "gpu-1")])
+    p.prepare(c)
+    assert len(opened) == 1 and p.prepared_claims() == [c.ref]
+    opened.clear()
+    p.unprepare(c.ref)
+    assert len(opened) == 1 and p.prepared_claims() == []
+    assert list(node16.cdi_dir.iterdir()) == []
+
+
+def test_an_unprepare_during_the_prepare_of_the_same_claim_waits_for_it(node16: Node) -> None:
+    """Between recording a claim and writing its spec the prepare holds the GPU: an
+    unprepare that arrives then must not drop the entry and leave the spec written after
+    it behind; it waits and removes both."""
+    c = claim(uid=uid(2), name="c2", devices=[("gpu", "gpu-2")])
+    seen: dict[str, bool] = {}
+    unprepare = threading.Thread(target=lambda: p.unprepare(c.ref))
+
+    def step(name: str) -> None:
+        if name == "checkpoint-prepared" and not seen:
+            unprepare.start()
+            unprepare.join(0.5)
+            seen["unprepare finished before the spec was written"] = not unprepare.is_alive()
+
+    p = node16.preparer(on_step=step)
+    p.prepare(c)
+    unprepare.join(10)
+    assert seen == {"unprepare finished before the spec was written": False}
+    assert not unprepare.is_alive()
+    assert p.prepared_claims() == [] and list(node16.cdi_dir.iterdir()) == []
