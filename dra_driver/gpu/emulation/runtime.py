@@ -164,6 +164,8 @@ class ControlFeed:
         if self.path is None:
             return []
         try:
+            if self.path.stat().st_size <= self._offset:
+                return []  # nothing new: the common case of a 20 ms poll
             with self.path.open("rb") as f:
                 f.seek(self._offset)
                 data = f.read()
