@@ -3,7 +3,7 @@
 :func:`run` takes validated :class:`~dra_driver.settings.DaemonSettings` and
 wires, in this order: the plugin layer
 (:class:`~dra_driver.plugin.app.KubeletPlugin`: sockets, registration, slices,
-health, claim cleanup) and the HTTP health endpoint, serving at once; then the
+health, claim cleanup), serving at once, and the HTTP health endpoint; then the
 metrics registry (prometheus-client is imported only once the sockets are up),
 given to the plugin and to ``/metrics``; then the host (real or emulated GPUs)
 and the GPU driver (discovery, devices, claim preparation; it finishes any
@@ -143,10 +143,9 @@ def _run(
     # and the GPU layer are imported and the GPUs are discovered (start to registration
     # socket, README).
     from dra_driver.plugin.app import KubeletPlugin
-    from dra_driver.plugin.healthz import HealthServer
 
     fatal = Fatal(wakeups)
-    # Stopped in reverse: plugin, health endpoint, driver, then the host (NVML) last.
+    # Stopped in reverse: health endpoint, plugin, driver, then the host (NVML) last.
     gpu_host_stack = stack.enter_context(ExitStack())
     backend = LateBackend()
     stack.callback(backend.close)
@@ -157,9 +156,14 @@ def _run(
         environ=environ,
         on_fatal=fatal,
     )
+    stack.callback(plugin.stop, uninstall=settings.uninstall_on_exit)
+    plugin.serve()
     health = None
     if settings.health_port >= 0:
-        # Before the sockets, so the startup probe answers (503) at once.
+        # Right after the sockets (http.server's imports are not on the kubelet's path);
+        # the probes answer 503 until the GPUs are discovered and the slices published.
+        from dra_driver.plugin.healthz import HealthServer
+
         health = HealthServer(
             readiness=plugin.readiness,
             port=settings.health_port,
@@ -167,8 +171,6 @@ def _run(
         )
         health.start()
         stack.callback(health.stop)
-    stack.callback(plugin.stop, uninstall=settings.uninstall_on_exit)
-    plugin.serve()
     registry = _metrics_registry()
     plugin.add_metrics(registry)
     if health is not None and settings.metrics:

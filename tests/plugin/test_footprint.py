@@ -51,7 +51,8 @@ def test_the_daemon_binds_its_sockets_before_importing_prometheus_client(
     exposition stack included) loads only after ``serve()`` put both sockets in place;
     every metric is still registered then (tests/cluster/test_metrics.py). Nor does
     parsing the flags pull in the GPU layer (its devices, shares, inventory and health
-    modules cost ~50 ms), only the small parser of ``--consumable-gpus``."""
+    modules cost ~50 ms), only the small parser of ``--consumable-gpus``; and the HTTP
+    health endpoint (``http.server``, ~15 ms) starts right after the sockets."""
     work = Path(tempfile.mkdtemp(prefix="fp-", dir="/tmp"))  # short: socket paths
     kubeconfig = tmp_path / "kubeconfig"
     kubeconfig.write_text(
@@ -78,7 +79,7 @@ def test_the_daemon_binds_its_sockets_before_importing_prometheus_client(
         "serve = KubeletPlugin.serve\n"
         "def look(self):\n"
         "    serve(self)\n"
-        "    late = ('prometheus_client', 'dra_driver.gpu.')\n"
+        "    late = ('prometheus_client', 'dra_driver.gpu.', 'http.server')\n"
         "    loaded = sorted(m for m in sys.modules\n"
         "                    if m.startswith(late) and m != 'dra_driver.gpu.consumable')\n"
         "    print(json.dumps([self.paths.registration.exists(), loaded]))\n"

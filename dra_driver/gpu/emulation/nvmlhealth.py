@@ -73,31 +73,35 @@ class HealthCalls(LibraryCore):
         es.registered[gpu.index] = es.registered.get(gpu.index, 0) | mask
 
     def _c_nvmlEventSetWait_v2(self, event_set: Any, data: Any, timeout_ms: Any) -> None:
+        """One waiter at a time polls the control file (other processes' operations);
+        it keeps that role until it returns, then hands it to another waiter."""
         deadline = time.monotonic() + as_int(timeout_ms) / 1000
-        while True:
-            es = self._event_set(event_set)  # freed by another thread: INVALID_ARGUMENT
-            if es.pending:
-                event = es.pending.popleft()
-                out = deref(data)
-                store_handle(out.device, self._encode(KIND_GPU, event.slot))
-                out.eventType, out.eventData = event.event_type, event.data
-                out.gpuInstanceId, out.computeInstanceId = event.gi_id, event.ci_id
-                return
-            if any(s not in self._present or self._runtime[s].lost for s in es.registered):
-                raise Return(ERROR_GPU_IS_LOST)
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise Return(ERROR_TIMEOUT)
-            if self._control.path is not None and not self._event_poller:
-                self._event_poller = True
-                try:
+        polling = False
+        try:
+            while True:
+                es = self._event_set(event_set)  # freed by another thread: INVALID_ARGUMENT
+                if es.pending:
+                    event = es.pending.popleft()
+                    out = deref(data)
+                    store_handle(out.device, self._encode(KIND_GPU, event.slot))
+                    out.eventType, out.eventData = event.event_type, event.data
+                    out.gpuInstanceId, out.computeInstanceId = event.gi_id, event.ci_id
+                    return
+                if any(s not in self._present or self._runtime[s].lost for s in es.registered):
+                    raise Return(ERROR_GPU_IS_LOST)
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise Return(ERROR_TIMEOUT)
+                if self._control.path is not None and (polling or not self._event_poller):
+                    self._event_poller = polling = True
                     self._cond.wait(min(remaining, _WAIT_SLICE_S))  # releases the library lock
                     self._poll_control(force=True)
-                finally:
-                    self._event_poller = False
-                    self._cond.notify(1)  # hand the polling over to another waiter
-            else:
-                self._cond.wait(remaining)  # woken by an event (apply) or a handover
+                else:
+                    self._cond.wait(remaining)  # woken by an event (apply) or a handover
+        finally:
+            if polling:
+                self._event_poller = False
+                self._cond.notify(1)  # hand the polling over to another waiter
 
     # ---- field values and ECC --------------------------------------------------------------
     def _c_nvmlDeviceGetFieldValues(self, handle: Any, count: Any, values: Any) -> None:
