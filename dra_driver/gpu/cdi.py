@@ -406,10 +406,11 @@ def write_spec(
     """Validate and atomically write one transient spec; returns its path."""
     data = encode(spec)
     target = transient_spec_path(cdi_dir, spec.kind, transient_id)
-    try:
-        cdi_dir.mkdir(mode=0o755, parents=True, exist_ok=True)
-    except OSError as exc:
-        raise CdiError(f"create CDI dir {cdi_dir}: {_reason(exc)}") from exc
+    if not cdi_dir.is_dir():  # a stat, not a mkdir that fails on every prepare
+        try:
+            cdi_dir.mkdir(mode=0o755, parents=True, exist_ok=True)
+        except OSError as exc:
+            raise CdiError(f"create CDI dir {cdi_dir}: {_reason(exc)}") from exc
     write_atomic(target, data, opener=opener)
     return target
 

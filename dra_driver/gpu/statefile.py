@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
@@ -75,6 +76,7 @@ class CheckpointStore:
         when :attr:`problem` changes (the file became unreadable, or readable again)."""
         self.path = state_dir / FILE_NAME
         self._state_dir = state_dir
+        self._dir_made = False
         self._boot_id_path = proc_dir / "sys" / "kernel" / "random" / "boot_id"
         self._uptime_path = proc_dir / "uptime"
         self._log = logger
@@ -90,21 +92,30 @@ class CheckpointStore:
         self._locks.close()
 
     def boot_id(self) -> str:
-        """Read every transaction (a reboot is noticed by the next call), hence plainly."""
+        """Read every transaction (a reboot is noticed by the next call), hence with
+        plain file descriptor calls, not a buffered file object."""
         try:
-            with open(self._boot_id_path, "rb") as fh:
-                return fh.read().decode(errors="replace").strip()
+            fd = os.open(self._boot_id_path, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                data = os.read(fd, 256)
+            finally:
+                os.close(fd)
         except OSError as exc:
             raise CheckpointError(f"read boot ID {self._boot_id_path}: {exc.strerror}") from exc
+        return data.decode(errors="replace").strip()
 
     @contextmanager
     def transaction(self) -> Iterator[Loaded]:
         """Hold the checkpoint lock and yield the current checkpoint; call :meth:`save`
         to write changes before leaving."""
-        try:
-            self._state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        except OSError as exc:
-            raise CheckpointError(f"create state dir {self._state_dir}: {exc.strerror}") from exc
+        if not self._dir_made:  # once: a mkdir per transaction cost more than the lock
+            try:
+                self._state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+            except OSError as exc:
+                raise CheckpointError(
+                    f"create state dir {self._state_dir}: {exc.strerror}"
+                ) from exc
+            self._dir_made = True
         with ExitStack() as stack:
             try:
                 stack.enter_context(self._locks.hold([LOCK_NAME], timeout_s=self._lock_timeout_s))
