@@ -133,6 +133,49 @@ class ContainerEdits:
             additional_gids=self.additional_gids + other.additional_gids,
         )
 
+    @functools.cached_property
+    def problem(self) -> str:
+        """What makes these edits invalid (a path suffix and the reason), "" when they
+        are valid; checked once per object (they are frozen)."""
+        for env in self.env:
+            if not _ENV.match(env):
+                return f".env: {env!r} must be NAME=value"
+        for node in self.device_nodes:
+            if not node.path:
+                return ".deviceNodes: path must not be empty"
+            if node.type not in (None, "", "b", "c", "u", "p"):
+                return f".deviceNodes[{node.path}].type {node.type!r}: use b, c, u or p"
+            perms = node.permissions
+            if perms and perms != "none" and set(perms) - set("rwm"):
+                return f".deviceNodes[{node.path}].permissions {perms!r}: r, w, m or none"
+        for mount in self.mounts:
+            if not mount.host_path or not mount.container_path:
+                return ".mounts: hostPath and containerPath are required"
+        for hook in self.hooks:
+            if hook.hook_name not in HOOK_NAMES:
+                return f".hooks: hookName {hook.hook_name!r} not one of {sorted(HOOK_NAMES)}"
+            if not hook.path.startswith("/"):
+                return f".hooks[{hook.hook_name}].path must be absolute"
+        return ""
+
+    @functools.cached_property
+    def version_floor(self) -> tuple[int, int, int]:
+        """The lowest ``cdiVersion`` these edits can be written in (see
+        :func:`minimum_version`); once per object."""
+        if self.additional_gids:
+            return (0, 7, 0)
+        if any(n.host_path is not None for n in self.device_nodes):
+            return (0, 5, 0)
+        if any(m.type for m in self.mounts):
+            return (0, 4, 0)
+        return (0, 3, 0)
+
+    @functools.cached_property
+    def json_text(self) -> str:
+        """:meth:`to_json` as compact JSON, made once per object: the node's common
+        edits (every driver library) are the same object in every claim's spec."""
+        return json.dumps(self.to_json(), separators=(",", ":"))
+
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
         if self.env:
@@ -164,6 +207,21 @@ class Spec:
 
     def to_json(self) -> dict[str, Any]:
         """The file content, with the minimum ``cdiVersion`` the content needs."""
+        out = self._head()
+        if not self.edits.is_empty():
+            out["containerEdits"] = self.edits.to_json()
+        return out
+
+    def json_bytes(self) -> bytes:
+        """:meth:`to_json` as compact JSON (the file's bytes), with the spec-level edits'
+        JSON made once per edits object (:attr:`ContainerEdits.json_text`)."""
+        text = json.dumps(self._head(), separators=(",", ":"))
+        if not self.edits.is_empty():
+            text = f'{text[:-1]},"containerEdits":{self.edits.json_text}}}'
+        return (text + "\n").encode()
+
+    def _head(self) -> dict[str, Any]:
+        """Everything but the spec-level edits, which come last."""
         out: dict[str, Any] = {"cdiVersion": minimum_version(self), "kind": self.kind}
         if self.annotations:
             out["annotations"] = dict(self.annotations)
@@ -175,8 +233,6 @@ class Spec:
             entry["containerEdits"] = dev.edits.to_json()
             devices.append(entry)
         out["devices"] = devices
-        if not self.edits.is_empty():
-            out["containerEdits"] = self.edits.to_json()
         return out
 
 
@@ -197,21 +253,17 @@ def transient_spec_path(cdi_dir: Path, kind: str, transient_id: str) -> Path:
 
 
 def minimum_version(spec: Spec) -> str:
-    """The lowest ``cdiVersion`` that can express the spec (docs/cdi.md section 1)."""
-    all_edits = [spec.edits, *(d.edits for d in spec.devices)]
-    if any(e.additional_gids for e in all_edits):
-        return "0.7.0"
+    """The lowest ``cdiVersion`` that can express the spec (docs/cdi.md section 1):
+    additional GIDs need 0.7.0; annotations or a dotted class 0.6.0; a device name
+    starting with a digit or a device node's host path 0.5.0; a mount type 0.4.0."""
+    floor = max(e.version_floor for e in (spec.edits, *(d.edits for d in spec.devices)))
     if spec.annotations or any(d.annotations for d in spec.devices):
-        return "0.6.0"
+        floor = max(floor, (0, 6, 0))
     if "." in spec.kind.split("/", 1)[-1]:
-        return "0.6.0"
+        floor = max(floor, (0, 6, 0))
     if any(d.name[:1].isdigit() for d in spec.devices):
-        return "0.5.0"
-    if any(n.host_path is not None for e in all_edits for n in e.device_nodes):
-        return "0.5.0"
-    if any(m.type for e in all_edits for m in e.mounts):
-        return "0.4.0"
-    return "0.3.0"
+        floor = max(floor, (0, 5, 0))
+    return ".".join(map(str, floor))
 
 
 def validate_kind(kind: str) -> None:
@@ -239,29 +291,8 @@ def validate_device_name(name: str) -> None:
 
 
 def _validate_edits(edits: ContainerEdits, where: str) -> None:
-    for env in edits.env:
-        if not _ENV.match(env):
-            raise CdiError(f"{where}.env: {env!r} must be NAME=value")
-    for node in edits.device_nodes:
-        if not node.path:
-            raise CdiError(f"{where}.deviceNodes: path must not be empty")
-        if node.type not in (None, "", "b", "c", "u", "p"):
-            raise CdiError(f"{where}.deviceNodes[{node.path}].type {node.type!r}: use b, c, u or p")
-        perms = node.permissions
-        if perms and perms != "none" and set(perms) - set("rwm"):
-            raise CdiError(
-                f"{where}.deviceNodes[{node.path}].permissions {perms!r}: r, w, m or none"
-            )
-    for mount in edits.mounts:
-        if not mount.host_path or not mount.container_path:
-            raise CdiError(f"{where}.mounts: hostPath and containerPath are required")
-    for hook in edits.hooks:
-        if hook.hook_name not in HOOK_NAMES:
-            raise CdiError(
-                f"{where}.hooks: hookName {hook.hook_name!r} not one of {sorted(HOOK_NAMES)}"
-            )
-        if not hook.path.startswith("/"):
-            raise CdiError(f"{where}.hooks[{hook.hook_name}].path must be absolute")
+    if edits.problem:
+        raise CdiError(f"{where}{edits.problem}")
 
 
 def validate(spec: Spec) -> None:
@@ -397,7 +428,7 @@ def encode(spec: Spec) -> bytes:
     """Compact JSON: a spec is read by runtimes on every container start (and ``jq``
     formats it for people); indenting cost more than everything else in a prepare."""
     validate(spec)
-    return (json.dumps(spec.to_json(), separators=(",", ":")) + "\n").encode()
+    return spec.json_bytes()
 
 
 def write_spec(

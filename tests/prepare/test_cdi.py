@@ -84,6 +84,29 @@ def test_invalid_specs_are_refused_before_writing(spec: Spec, message: str, tmp_
     assert list(tmp_path.iterdir()) == []
 
 
+def test_spec_bytes_with_remembered_edits_are_the_plain_encoding() -> None:
+    """The spec-level edits' JSON and checks are made once per (frozen) edits object:
+    the bytes stay those of encoding the whole spec, each object answers for itself,
+    and a bad one is refused with its place named however often it is used."""
+    common = ContainerEdits(
+        env=("NVIDIA_VISIBLE_DEVICES=void",),
+        mounts=(Mount("/h/libcuda.so", "/usr/lib/libcuda.so", ("ro",)),),
+    )
+    other = ContainerEdits(mounts=(Mount("/h/x", "/x", type="bind"),))
+    node = ContainerEdits(device_nodes=(DeviceNode("/dev/nvidia0"),))
+    for edits in (common, common, other, ContainerEdits()):
+        spec = Spec(kind="k8s.gpu.nvidia.com/claim", devices=(CdiDevice("u-gpu-0", node),),
+                    edits=edits)  # fmt: skip
+        plain = (json.dumps(spec.to_json(), separators=(",", ":")) + "\n").encode()
+        assert cdi.encode(spec) == plain
+    assert json.loads(cdi.encode(Spec(kind="v.com/gpu", devices=(CdiDevice("a", node),),
+                                      edits=other)))["cdiVersion"] == "0.4.0"  # fmt: skip
+    bad = ContainerEdits(env=("=x",))
+    for _ in range(2):
+        with pytest.raises(CdiError, match=r"^containerEdits\.env: '=x' must be NAME=value"):
+            cdi.encode(Spec(kind="v.com/gpu", devices=(CdiDevice("a", node),), edits=bad))
+
+
 def test_schema_rejects_what_the_loader_rejects() -> None:
     good = json.loads(cdi.encode(spec_of("gpu0")))
     for bad in (
