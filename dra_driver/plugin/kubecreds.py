@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dra_driver import yamlfiles
 from dra_driver.errors import DriverError
 
 IN_CLUSTER_SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
@@ -101,7 +102,7 @@ def _parse(path: Path) -> object:
     import yaml  # only YAML kubeconfig files need it, not the in-cluster config
 
     try:
-        return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # noqa: S506 (safe loaders only)
+        return yamlfiles.safe_load(text)
     except yaml.YAMLError as exc:
         raise KubeConfigError(f"kubeconfig {path}: cannot read: {exc}") from exc
 
