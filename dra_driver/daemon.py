@@ -229,7 +229,6 @@ def _gpu_driver(
     from dra_driver.commands.discover import gpu_host
     from dra_driver.gpu.discovery import discover
     from dra_driver.gpu.driver import GpuDriver
-    from dra_driver.gpu.health import HealthPolicy
     from dra_driver.gpu.hostpaths import HostPaths
     from dra_driver.gpu.metrics import GpuMetrics
     from dra_driver.gpu.nvml import Nvml
@@ -273,16 +272,7 @@ def _gpu_driver(
         logger=logging.getLogger("dra_driver.gpu"),
         pool_name=settings.plugin.node_name,
         taint_degraded=gpu.taint_degraded,
-        health_policy=(
-            HealthPolicy(
-                ignored_xids=gpu.health.ignored_xids,
-                healthy_period_s=gpu.health.healthy_period_s,
-                check_interval_s=gpu.health.check_interval_s,
-                fatal_effect=gpu.health.fatal_effect,
-            )
-            if gpu.health is not None
-            else None
-        ),
+        health_policy=gpu.health_policy,
         numa_attribute_form=gpu.numa_attribute_form,
         nvml_observer=gpu_metrics.nvml_call,
         health_events=gpu_metrics,

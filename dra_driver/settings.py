@@ -21,9 +21,9 @@ from dra_driver.envflags import env_name
 from dra_driver.errors import DriverError
 
 if TYPE_CHECKING:
-    from dra_driver.commands.observability import HealthSettings
     from dra_driver.gpu.consumable import ConsumableGpus
     from dra_driver.gpu.devices import NumaAttributeForm
+    from dra_driver.gpu.healthpolicy import HealthPolicy
     from dra_driver.gpu.partitions import MigMode
     from dra_driver.plugin.app import PluginSettings
 
@@ -65,7 +65,7 @@ class GpuSettings:
     mig_mode: MigMode
     """static: the MIG devices that exist; dynamic: created at prepare."""
     numa_attribute_form: NumaAttributeForm
-    health: HealthSettings | None
+    health_policy: HealthPolicy | None
     """None: no health monitoring (devices are healthy unless degraded)."""
     usage_interval_s: float
     """Seconds between per-claim usage samples (with metrics); 0: off."""
@@ -110,7 +110,7 @@ def host_settings(args: argparse.Namespace) -> HostSettings:
 
 def daemon_settings(args: argparse.Namespace) -> DaemonSettings:
     """Validated settings of ``kubelet-plugin``; raises :class:`SettingsError`."""
-    from dra_driver.commands.observability import health_settings
+    from dra_driver.commands.observability import health_policy
     from dra_driver.plugin.app import PluginSettings
 
     driver, node = args.driver_name, args.node_name
@@ -159,7 +159,7 @@ def daemon_settings(args: argparse.Namespace) -> DaemonSettings:
         taint_degraded=args.taint_degraded,
         mig_mode=args.mig_mode,
         numa_attribute_form=args.numa_attribute_form,
-        health=health_settings(args),
+        health_policy=health_policy(args),
         usage_interval_s=_interval("usage-interval", args.usage_interval, 0.1, 3600, off=True),
         consumable=args.consumable_gpus,
     )

@@ -1,19 +1,18 @@
 """Flags of the kubelet plugin for health, metrics, usage and claim status (each with its
 ``DRA_*`` variable, :mod:`dra_driver.envflags`), and what they turn into: the health
-settings.
+policy (:mod:`dra_driver.gpu.healthpolicy`, which imports none of the rest of the GPU
+layer: the daemon loads that only after its sockets are served).
 
 Kept apart from the command's other flags so the daemon's composition root stays short.
-The settings are plain values, not the GPU layer's ``HealthPolicy``: parsing flags must
-not import the GPU layer, which the daemon loads only after its sockets are served.
 """
 
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
-from typing import Literal
 
-_DEFAULT_IGNORED = "13,31,43,45,68,109"
+from dra_driver.gpu.healthpolicy import DEFAULT_IGNORED_XIDS, HealthPolicy
+
+_DEFAULT_IGNORED = ",".join(map(str, sorted(DEFAULT_IGNORED_XIDS)))
 
 
 def _bool(text: str) -> bool:
@@ -104,22 +103,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
 
 
-@dataclass(frozen=True)
-class HealthSettings:
-    """What ``--health-*``, ``--ignored-xids`` and ``--fatal-taint-effect`` ask of the
-    GPU layer's ``HealthPolicy`` (same fields, same meaning)."""
-
-    ignored_xids: frozenset[int]
-    healthy_period_s: float
-    check_interval_s: float
-    fatal_effect: Literal["NoSchedule", "NoExecute"]
-
-
-def health_settings(args: argparse.Namespace) -> HealthSettings | None:
+def health_policy(args: argparse.Namespace) -> HealthPolicy | None:
     """None when health monitoring is off."""
     if not args.health_monitor:
         return None
-    return HealthSettings(
+    return HealthPolicy(
         ignored_xids=args.ignored_xids,
         healthy_period_s=args.healthy_period,
         check_interval_s=args.health_check_interval,

@@ -11,7 +11,7 @@ a whole fails (NVML briefly unavailable must not empty the pool); a GPU that
 is gone simply is not in the new inventory, so it leaves the pool with the
 next slice generation.
 
-Health: with a :class:`~dra_driver.gpu.health.HealthPolicy` the driver runs a
+Health: with a :class:`~dra_driver.gpu.healthpolicy.HealthPolicy` the driver runs a
 :class:`~dra_driver.gpu.monitor.HealthMonitor` in the background (started by
 the plugin, :meth:`start_background`). The pool is always built from one pair
 (inventory, health snapshot), and the health reported to the kubelet is read
@@ -40,12 +40,8 @@ from dra_driver.gpu.consumable import ConsumableGpus
 from dra_driver.gpu.devices import NumaAttributeForm, build_pool
 from dra_driver.gpu.devicestatus import device_status
 from dra_driver.gpu.discovery import DiscoveryError
-from dra_driver.gpu.health import (
-    HealthPolicy,
-    HealthSnapshot,
-    device_faults,
-    taints_for,
-)
+from dra_driver.gpu.health import HealthSnapshot, device_faults, taints_for
+from dra_driver.gpu.healthpolicy import HealthPolicy
 from dra_driver.gpu.hostpaths import HostPaths
 from dra_driver.gpu.inventory import Inventory
 from dra_driver.gpu.miginstances import MigInstances

@@ -22,6 +22,10 @@ Severity decides the taint effect: informational faults taint ``None``
 ``NoSchedule``, fatal ones ``NoSchedule`` or, opted in, ``NoExecute`` (the
 device-taint-eviction controller then evicts pods using the device).
 
+The policy itself (which Xids are ignored, informational or fatal; the healthy
+period; the fatal effect) lives in :mod:`dra_driver.gpu.healthpolicy`, which the
+flag parser builds before the rest of the GPU layer is imported.
+
 Recovery, never on a guess: faults clear only when the GPU has answered every
 periodic check correctly, with NVML reporting no pending recovery action, for
 the whole healthy period. Where NVML cannot report the recovery action (old
@@ -32,35 +36,18 @@ the plugin restarts, because "it answers queries" does not prove a reset.
 from __future__ import annotations
 
 import datetime
-import enum
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
+from dra_driver.gpu.healthpolicy import HealthPolicy, Severity
 from dra_driver.gpu.inventory import Gpu, Inventory
 from dra_driver.gpu.naming import gpu_device_name, mig_device_name
-from dra_driver.plugin.resources import DeviceTaint, TaintEffect
-
-DEFAULT_IGNORED_XIDS: frozenset[int] = frozenset({13, 31, 43, 45, 68, 109})
-"""Application-caused Xids (graphics/compute exceptions, page faults, preemptive
-cleanup, video decoder exceptions, context-switch timeouts): the GPU is fine."""
-INFORMATIONAL_XIDS: frozenset[int] = frozenset({63, 64, 92, 94})
-"""Row remapping / page retirement recorded, high single-bit ECC rate, contained ECC
-error: worth seeing on the device, no reason to avoid it (NVML's recovery action
-says when one of them does need a reset)."""
-FATAL_XIDS: frozenset[int] = frozenset({48, 79, 95, 119, 120, 140})
-"""Double-bit ECC, fallen off the bus, uncontained ECC, GSP RPC timeout / error,
-unrecovered ECC: the GPU cannot run work until it is reset."""
+from dra_driver.plugin.resources import DeviceTaint
 
 RECOVERY_ACTIONS = {1: "gpu-reset", 2: "node-reboot", 3: "drain-p2p", 4: "drain-and-reset",
                     5: "recover-imex-domain", 6: "bus-reset", 7: "system-reboot"}  # fmt: skip
 """NVML_GPU_RECOVERY_ACTION_* other than NONE, as taint values."""
-
-
-class Severity(enum.IntEnum):
-    INFO = 1
-    UNUSABLE = 2
-    FATAL = 3
 
 
 Scope = tuple[int, int] | None
@@ -76,35 +63,6 @@ class Fault:
     """Wall-clock time the condition was first seen (the taint's timeAdded)."""
     message: str
     scope: Scope = None
-
-
-@dataclass(frozen=True)
-class HealthPolicy:
-    """How NVML facts become faults and taints, and when they clear."""
-
-    ignored_xids: frozenset[int] = DEFAULT_IGNORED_XIDS
-    """Xids that are logged and counted but leave the device healthy."""
-    healthy_period_s: float = 60.0
-    """Seconds a GPU must pass every check, with no recovery action pending, before its
-    faults clear."""
-    check_interval_s: float = 5.0
-    """Seconds between periodic checks (what events cannot report: off the bus,
-    recovery action pending, ECC counters)."""
-    fatal_effect: TaintEffect = "NoSchedule"
-    """Effect of fatal faults: ``NoExecute`` (opt-in) also evicts running pods."""
-
-    def xid_severity(self, xid: int) -> Severity | None:
-        """None for ignored Xids; every Xid not known to be harmless makes the GPU unusable."""
-        if xid in self.ignored_xids:
-            return None
-        if xid in INFORMATIONAL_XIDS:
-            return Severity.INFO
-        return Severity.FATAL if xid in FATAL_XIDS else Severity.UNUSABLE
-
-    def effect(self, severity: Severity) -> TaintEffect:
-        if severity is Severity.INFO:
-            return "None"
-        return self.fatal_effect if severity is Severity.FATAL else "NoSchedule"
 
 
 def recovery_fault(action: int, now: float) -> Fault:

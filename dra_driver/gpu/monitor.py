@@ -25,7 +25,8 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-from dra_driver.gpu.health import Fault, HealthBook, HealthPolicy, Severity, recovery_fault
+from dra_driver.gpu.health import Fault, HealthBook, recovery_fault
+from dra_driver.gpu.healthpolicy import HealthPolicy, Severity
 from dra_driver.gpu.inventory import Inventory
 from dra_driver.gpu.nvml import NVML_ERROR_NOT_FOUND, Nvml, NvmlError
 from dra_driver.gpu.nvmlmonitor import (

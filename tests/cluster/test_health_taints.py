@@ -32,7 +32,7 @@ from dra_driver.gpu.devices import NumaAttributeForm
 from dra_driver.gpu.discovery import discover
 from dra_driver.gpu.driver import GpuDriver
 from dra_driver.gpu.emulation import EmulatedNode
-from dra_driver.gpu.health import HealthPolicy
+from dra_driver.gpu.healthpolicy import HealthPolicy
 from dra_driver.gpu.metrics import GpuMetrics
 from dra_driver.gpu.sharing import GpuTools
 from dra_driver.plugin._proto import health_v1_pb2, health_v1_pb2_grpc

@@ -39,7 +39,7 @@ def test_defaults_reach_the_plugin(helm: Path, monkeypatch) -> None:
     assert pod["hostPID"] is True  # usage sampling on by default
     args = plugin_args(pod, monkeypatch)
     assert (args.metrics, args.usage_interval, args.claim_status) == (True, 10.0, True)
-    policy = observability.health_settings(args)
+    policy = observability.health_policy(args)
     assert policy is not None and policy.healthy_period_s == 60 and policy.check_interval_s == 5
     assert policy.ignored_xids == {13, 31, 43, 45, 68, 109}
     assert policy.fatal_effect == "NoSchedule" and args.numa_attribute_form == "scalar"
@@ -56,7 +56,7 @@ def test_values_change_what_the_plugin_does(helm: Path, monkeypatch) -> None:
     pod = daemonset_pod(objs)
     assert "hostPID" not in pod
     args = plugin_args(pod, monkeypatch)
-    assert observability.health_settings(args) is None
+    assert observability.health_policy(args) is None
     assert (args.usage_interval, args.claim_status, args.numa_attribute_form) == (0, False, "list")
     assert args.ignored_xids == {13, 74} and args.fatal_taint_effect == "NoExecute"
 

@@ -15,7 +15,7 @@ import pytest
 from dra_driver.gpu.discovery import discover
 from dra_driver.gpu.driver import GpuDriver
 from dra_driver.gpu.emulation import EmulatedNode
-from dra_driver.gpu.health import HealthPolicy
+from dra_driver.gpu.healthpolicy import HealthPolicy
 from dra_driver.gpu.sharing import GpuTools
 
 LOG = logging.getLogger("tests.monitor")

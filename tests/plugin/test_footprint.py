@@ -51,7 +51,8 @@ def test_the_daemon_binds_its_sockets_before_importing_prometheus_client(
     exposition stack included) loads only after ``serve()`` put both sockets in place;
     every metric is still registered then (tests/cluster/test_metrics.py). Nor does
     parsing the flags pull in the GPU layer (its devices, shares, inventory and health
-    modules cost ~50 ms), only the small parser of ``--consumable-gpus``; and the HTTP
+    modules cost ~50 ms), only the two small modules the flags turn into
+    (``--consumable-gpus``, the health policy); and the HTTP
     health endpoint (``http.server``, ~15 ms) starts right after the sockets."""
     work = Path(tempfile.mkdtemp(prefix="fp-", dir="/tmp"))  # short: socket paths
     kubeconfig = tmp_path / "kubeconfig"
@@ -80,8 +81,9 @@ def test_the_daemon_binds_its_sockets_before_importing_prometheus_client(
         "def look(self):\n"
         "    serve(self)\n"
         "    late = ('prometheus_client', 'dra_driver.gpu.', 'http.server')\n"
+        "    flag_types = ('dra_driver.gpu.consumable', 'dra_driver.gpu.healthpolicy')\n"
         "    loaded = sorted(m for m in sys.modules\n"
-        "                    if m.startswith(late) and m != 'dra_driver.gpu.consumable')\n"
+        "                    if m.startswith(late) and m not in flag_types)\n"
         "    print(json.dumps([self.paths.registration.exists(), loaded]))\n"
         "    raise SystemExit(0)\n"
         "KubeletPlugin.serve = look\n"

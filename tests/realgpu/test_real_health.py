@@ -9,7 +9,7 @@ import json
 import logging
 import time
 
-from dra_driver.gpu.health import HealthPolicy
+from dra_driver.gpu.healthpolicy import HealthPolicy
 from dra_driver.gpu.inventory import Inventory
 from dra_driver.gpu.monitor import HealthMonitor
 from dra_driver.gpu.nvml import Nvml
