@@ -268,14 +268,10 @@ class MpsDaemons:
         self.remove_dirs(daemon_id)
         done(f"mps-remove:{daemon_id}")
 
-    def stop(self, daemon_id: str) -> None:
-        """Everything of one daemon, nothing recorded (start-up clean-up, tests)."""
-        self.tear_down(daemon_id)
-
     def stop_claim(self, claim_uid: str) -> None:
         """Every daemon of a claim the checkpoint no longer knows."""
         for daemon_id in self.ids_for_claim(claim_uid):
-            self.stop(daemon_id)
+            self.tear_down(daemon_id)
 
     def ids_for_claim(self, claim_uid: str) -> list[str]:
         if not self._root.is_dir():
