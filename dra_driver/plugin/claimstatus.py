@@ -14,9 +14,10 @@ RBAC (deploy/rbac): ``resourceclaims/status`` ``patch`` plus the synthetic
 ``resourceclaims/driver`` ``associated-node:patch`` for our driver name only:
 a node's plugin can write status only for claims allocated on its own node.
 Writing status is informational and asynchronous: prepare and unprepare only
-note the claim, the plugin's ``claim-book`` thread writes right after (and
-retries a failure at the next health change or periodic refresh), so the
-kubelet's call never waits for it.
+note the claim, the plugin's ``claim-book`` thread writes once the calls have
+settled (after a burst of them, not during it; retrying a failure at the next
+health change or periodic refresh), so the kubelet's call never waits for it. A
+claim prepared and unprepared between two writes gets none at all.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from __future__ import annotations
 import datetime
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -89,6 +90,13 @@ class ClaimStatusWriter:
         self._removals: dict[str, ClaimRef] = {}
         self._since: dict[tuple[str, str, str, str], tuple[str, str]] = {}
         """(claim uid, device, share id, condition type) -> (status, lastTransitionTime)."""
+        self._inherited: set[str] | None = None
+        """Claims with state from before this process (their status may hold our entries);
+        ``None`` until :meth:`inherit` said which."""
+        self._unwritten: set[str] = set()
+        """Claims prepared here whose status cannot hold our entries: none were written
+        (nor are being written) since they came without any. Unprepared, they need no
+        removal."""
 
     def _entries(self, ref: ClaimRef, devices: Sequence[PreparedDevice]) -> list[Obj]:
         reported = {
@@ -148,16 +156,38 @@ class ClaimStatusWriter:
         """Note a claim just prepared; :meth:`refresh` writes its entries (no API call here,
         so a prepare never waits for the status write)."""
         with self._lock:
+            fresh = (
+                self._inherited is not None
+                and ref.uid not in self._inherited
+                and ref.uid not in self._claims
+                and ref.uid not in self._written
+                and ref.uid not in self._removals
+            )
+            if fresh:
+                self._unwritten.add(ref.uid)
             self._claims[ref.uid] = (ref, tuple(devices))
             self._removals.pop(ref.uid, None)
 
     def unprepared(self, ref: ClaimRef) -> None:
-        """Note a claim unprepared; :meth:`refresh` removes its entries."""
+        """Note a claim unprepared; :meth:`refresh` removes its entries (unless none can
+        be there: prepared and unprepared between two writes)."""
         with self._lock:
             self._claims.pop(ref.uid, None)
             self._written.pop(ref.uid, None)
             self._since = {k: v for k, v in self._since.items() if k[0] != ref.uid}
-            self._removals[ref.uid] = ref
+            if ref.uid in self._unwritten:
+                self._unwritten.discard(ref.uid)
+            else:
+                self._removals[ref.uid] = ref
+
+    def inherit(self, uids: Iterable[str]) -> None:
+        """Claims the backend holds from before this process: a previous instance may
+        have written their status, so their removal is always written. Until this is
+        called, every claim counts as such."""
+        with self._lock:
+            known = set(uids)
+            self._inherited = (self._inherited or set()) | known
+            self._unwritten -= known
 
     def refresh(self) -> int:
         """Remove entries of unprepared claims, write those of new claims and those that
@@ -170,6 +200,7 @@ class ClaimStatusWriter:
                 for uid, (ref, devices) in self._claims.items()
             ]
             writes = [w for w in writes if self._written.get(w[0]) != w[2]]
+            self._unwritten.difference_update(uid for uid, _, _ in writes)  # may land now
         done = 0
         for ref in removals:
             if self._write(ref, self._body(ref, [])):  # a deleted claim counts as done

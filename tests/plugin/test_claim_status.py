@@ -5,9 +5,11 @@ a prepare (the writes happen in refresh, on the plugin's background thread)."""
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 
 from dra_driver.plugin.backend import PreparedDevice
+from dra_driver.plugin.claimbook import ClaimKeeper
 from dra_driver.plugin.claims import ClaimRef
 from dra_driver.plugin.claimstatus import ClaimStatusWriter, Condition, DeviceStatus
 
@@ -133,3 +135,134 @@ def test_error_reasons_are_the_most_specific_known_cause() -> None:
     assert reason_of(ClaimError("claim ml/x not found")) == "claim"
     assert reason_of(PrepareError("something")) == "backend"
     assert reason_of(RuntimeError("bug")) == "internal"
+
+
+def test_claim_prepared_and_unprepared_between_writes_needs_no_write() -> None:
+    applied: list = []
+    w = writer(applied, Reporter())
+    w.inherit([])  # nothing from before this process
+    w.prepared(REF, [DEV])
+    w.unprepared(REF)
+    assert w.refresh() == 0 and applied == []  # nothing of ours can be in its status
+    # Written once, its removal is written when it goes.
+    w.prepared(REF, [DEV])
+    assert w.refresh() == 1
+    w.unprepared(REF)
+    assert w.refresh() == 1 and applied[-1][2]["status"] == {"devices": []}
+    # After that removal nothing of ours is there again: the next short stay needs nothing.
+    w.prepared(REF, [DEV])
+    w.unprepared(REF)
+    assert w.refresh() == 0 and len(applied) == 2
+
+
+def test_removal_is_written_when_our_entries_may_be_there() -> None:
+    # Before the keeper said which claims are from before this process, every claim
+    # may carry entries a previous instance wrote: its removal is written.
+    applied: list = []
+    w = writer(applied, Reporter())
+    w.prepared(REF, [DEV])
+    w.unprepared(REF)
+    assert w.refresh() == 1 and applied[-1][2]["status"] == {"devices": []}
+    # A claim from before this process (re-prepared after a restart), the same.
+    applied.clear()
+    w = writer(applied, Reporter())
+    w.inherit([REF.uid])
+    w.prepared(REF, [DEV])
+    w.unprepared(REF)
+    assert w.refresh() == 1 and applied[-1][2]["status"] == {"devices": []}
+    # inherit() after the prepare (the keeper's first reload came late): still written.
+    applied.clear()
+    w = writer(applied, Reporter())
+    w.inherit([])
+    w.prepared(REF, [DEV])
+    w.inherit([REF.uid])
+    w.unprepared(REF)
+    assert w.refresh() == 1 and applied[-1][2]["status"] == {"devices": []}
+
+
+def test_unprepare_during_a_write_still_removes_the_entries() -> None:
+    # The write of a new claim is under way (outside the lock) when it is unprepared:
+    # the entries may land, so the removal must follow.
+    applied: list = []
+    w: ClaimStatusWriter
+
+    def apply(ns: str, name: str, body: dict) -> None:
+        if body["status"]["devices"]:
+            w.unprepared(REF)  # arrives while this write is in flight
+        applied.append(body)
+
+    w = ClaimStatusWriter(driver_name="gpu.nvidia.com", apply=apply, reporter=Reporter(),
+                          logger=logging.getLogger("t"), node_name="node-a")  # fmt: skip
+    w.inherit([])
+    w.prepared(REF, [DEV])
+    assert w.refresh() == 1 and applied[0]["status"]["devices"]
+    assert w.refresh() == 1 and applied[-1]["status"] == {"devices": []}
+
+
+class _Book:
+    def reload(self, refs: object) -> None:
+        pass
+
+    def refresh(self) -> None:
+        pass
+
+
+class _Status:
+    def __init__(self) -> None:
+        self.refreshed: list[float] = []
+        self.inherited: list[list[str]] = []
+
+    def inherit(self, uids) -> None:
+        self.inherited.append(list(uids))
+
+    def refresh(self) -> int:
+        self.refreshed.append(time.monotonic())
+        return 0
+
+
+def _keeper(status: _Status, settle_s: float, settle_max_s: float) -> ClaimKeeper:
+    return ClaimKeeper(book=_Book(), prepared=lambda: [REF], status=status,
+                       interval_s=3600, logger=logging.getLogger("t"), settle_s=settle_s,
+                       settle_max_s=settle_max_s)  # fmt: skip
+
+
+def _wait_for(check, timeout_s: float = 5.0) -> None:
+    end = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < end, "timed out"
+        time.sleep(0.01)
+
+
+def test_status_is_written_after_a_burst_of_calls_not_during_it() -> None:
+    status = _Status()
+    keeper = _keeper(status, settle_s=0.3, settle_max_s=30)
+    keeper.start()
+    try:
+        _wait_for(lambda: status.refreshed)  # the start: reload, then a first write round
+        assert status.inherited == [[REF.uid]]  # the backend's claims, before any write
+        burst_start = time.monotonic()
+        for _ in range(8):  # a call every 0.1 s: never quiet for 0.3 s
+            keeper.trigger()
+            time.sleep(0.1)
+        burst_end = time.monotonic()
+        _wait_for(lambda: len(status.refreshed) == 2)
+        assert status.refreshed[1] >= burst_end + 0.2  # after the burst had settled
+        assert not [t for t in status.refreshed if burst_start < t < burst_end]
+    finally:
+        keeper.stop()
+
+
+def test_status_is_written_under_steady_load_at_the_latest_after_settle_max() -> None:
+    status = _Status()
+    keeper = _keeper(status, settle_s=0.3, settle_max_s=0.6)
+    keeper.start()
+    try:
+        _wait_for(lambda: status.refreshed)
+        start = time.monotonic()
+        while time.monotonic() - start < 2.0:  # never quiet
+            keeper.trigger()
+            time.sleep(0.05)
+        during = [t for t in status.refreshed if start < t < start + 2.0]
+        assert len(during) >= 2  # one round per settle_max_s, not starved
+    finally:
+        keeper.stop()
