@@ -21,8 +21,8 @@ Errors (all raised ``from`` the original cause)::
 from __future__ import annotations
 
 import json
+import os
 import ssl
-import tempfile
 import threading
 import time
 from collections.abc import Iterator, Mapping
@@ -98,16 +98,26 @@ def _ssl_context(config: KubeConfig, cert_pem: str | None, key_pem: str | None) 
         ctx.check_hostname = False
         ctx.verify_mode = ssl.CERT_NONE
     if cert_pem and key_pem:
-        # ssl only loads key pairs from files: write them to a private temp dir
-        # (0700, removed right after loading).
-        with tempfile.TemporaryDirectory(prefix="kubeclient-") as tmp:
-            cert = Path(tmp) / "cert.pem"
-            key = Path(tmp) / "key.pem"
-            cert.write_text(cert_pem)
-            key.touch(mode=0o600)
-            key.write_text(key_pem)
-            ctx.load_cert_chain(cert, key)
+        _load_key_pair(ctx, cert_pem, key_pem)
     return ctx
+
+
+def _load_key_pair(ctx: ssl.SSLContext, cert_pem: str, key_pem: str) -> None:
+    """ssl loads key pairs only from paths: these are anonymous memory files
+    (``memfd_create``) opened through ``/proc/self/fd``, so the private key never
+    touches a filesystem, not even a private temp dir for a moment."""
+    fds: list[int] = []
+    try:
+        for name, pem in (("kubeclient-cert", cert_pem), ("kubeclient-key", key_pem)):
+            fd = os.memfd_create(name, os.MFD_CLOEXEC)
+            fds.append(fd)
+            data = memoryview(pem.encode())
+            while data:
+                data = data[os.write(fd, data) :]
+        ctx.load_cert_chain(f"/proc/self/fd/{fds[0]}", f"/proc/self/fd/{fds[1]}")
+    finally:
+        for fd in fds:
+            os.close(fd)
 
 
 class KubeClient:

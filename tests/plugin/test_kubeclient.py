@@ -152,3 +152,30 @@ def test_json_yaml_flow_style_and_broken_kubeconfigs(tmp_path: Path) -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_client_key_pair_is_loaded_from_memory_and_bad_material_is_refused(
+    tmp_path: Path,
+) -> None:
+    """The key pair goes to ssl through memfds (never a file on disk): it loads, every
+    descriptor is closed again, and a key that does not match the certificate fails
+    when the client is made, not at the first request."""
+    import os
+    import ssl
+
+    from dra_driver.devcluster.certs import generate_certs
+    from dra_driver.plugin.kubeclient import KubeClient, KubeConfig
+
+    certs = generate_certs(tmp_path / "pki")
+    cert_pem, key_pem = certs.admin_cert.read_text(), certs.admin_key.read_text()
+    fds = set(os.listdir("/proc/self/fd"))
+    client = KubeClient(
+        KubeConfig(server="https://127.0.0.1:1", client_cert_pem=cert_pem, client_key_pem=key_pem)
+    )
+    client.close()
+    assert set(os.listdir("/proc/self/fd")) == fds
+    other_key = certs.serving_key.read_text()
+    with pytest.raises(ssl.SSLError):
+        KubeClient(KubeConfig(server="https://127.0.0.1:1", client_cert_pem=cert_pem,
+                              client_key_pem=other_key))  # fmt: skip
+    assert set(os.listdir("/proc/self/fd")) == fds
