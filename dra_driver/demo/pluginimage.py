@@ -231,7 +231,22 @@ def build(repo: Path, cache: Path, python: str = sys.executable) -> tuple[Path, 
             labels={"org.opencontainers.image.title": "dra-driver"},
         )
         write_archive(out, ref, [layer.tar()], config)
+    prune(cache, keep=out.parent)
     return out, ref
+
+
+def prune(cache: Path, *, keep: Path, others: int = 2) -> list[Path]:
+    """Every source change builds a new image (~40 MB): keep ``keep`` and the ``others``
+    most recently built before it (another tree's test run may be using one), remove the
+    rest. Returns what was removed."""
+    built = sorted(
+        (d for d in cache.glob("plugin-image-*") if d.is_dir() and d != keep),
+        key=lambda d: d.stat().st_mtime,
+        reverse=True,
+    )
+    for old in built[others:]:
+        shutil.rmtree(old, ignore_errors=True)
+    return built[others:]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -120,3 +120,25 @@ def test_entrypoint_exposes_only_nvml_from_the_driver_root(tmp_path: Path) -> No
     assert lines[1] == f"LD={private}"
     assert lines[2:] == ["libnvidia-ml.so.1"]
     assert (private / "libnvidia-ml.so.1").resolve() == lib / "libnvidia-ml.so.1"
+
+
+def test_an_image_build_prunes_all_but_the_newest_older_images(tmp_path: Path) -> None:
+    import os
+
+    from dra_driver.demo.pluginimage import prune
+
+    made = []
+    for i in range(5):
+        d = tmp_path / f"plugin-image-{i:012x}"
+        d.mkdir()
+        (d / "image.tar").write_bytes(b"x")
+        os.utime(d, (1_000_000 + i, 1_000_000 + i))
+        made.append(d)
+    (tmp_path / "plugin-image.lock").touch()  # the build lock: a file, never removed
+    (tmp_path / "k8s-v1.37.1-0e5382e25b84").mkdir()  # other caches are not touched
+    current = made[0]  # just built (its mtime does not matter)
+    removed = prune(tmp_path, keep=current)
+    assert sorted(removed) == [made[1], made[2]]
+    left = sorted(p.name for p in tmp_path.iterdir())
+    assert left == sorted([made[0].name, made[3].name, made[4].name, "plugin-image.lock",
+                           "k8s-v1.37.1-0e5382e25b84"])  # fmt: skip
