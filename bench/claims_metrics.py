@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -228,6 +229,7 @@ def main() -> int:
             except subprocess.TimeoutExpired:
                 child.kill()
             log.close()
+    shutil.rmtree(work, ignore_errors=True)  # a failed run keeps it: its logs
     return 0
 
 

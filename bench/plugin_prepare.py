@@ -19,6 +19,7 @@ import argparse
 import json
 import logging
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -228,6 +229,7 @@ def main() -> int:
         "prepare_one_call_16_claims": _summary(batch16),
     }
     print(json.dumps(report, indent=2))
+    shutil.rmtree(work, ignore_errors=True)  # a failed run keeps it: its logs
     return 0
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import subprocess
 import sys
@@ -156,6 +157,7 @@ def main() -> int:
             child.terminate()
             child.wait(timeout=30)
     print(json.dumps(report, indent=2))
+    shutil.rmtree(work, ignore_errors=True)  # a failed run keeps it: its logs
     return 0
 
 

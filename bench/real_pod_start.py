@@ -25,6 +25,7 @@ Then the pod is deleted (the kubelet unprepares) before the next one.
 from __future__ import annotations
 
 import argparse
+import shutil
 import statistics
 import sys
 import tempfile
@@ -78,6 +79,7 @@ def main() -> int:
     cluster.start()
     real = RealNode(cluster, find_node_binaries(), work / "n", RealNodeOptions())
     node: RealGpuNode | None = None
+    ok = False
     try:
         t0 = time.monotonic()
         real.start()
@@ -131,6 +133,7 @@ def main() -> int:
         print(f"our plugin's prepare: p50 {statistics.median(plugin):.1f} ms, "
               f"max {max(plugin):.1f} ms; share of the total (median per-pod ratio) "
               f"{statistics.median(ratios) * 100:.1f} %")  # fmt: skip
+        ok = True
         return 0
     finally:
         if node is not None:
@@ -141,6 +144,8 @@ def main() -> int:
         real.stop()
         cluster.stop()
         real.remove_workdir()
+        if ok:  # a failed run keeps the cluster's dir: its logs
+            shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":

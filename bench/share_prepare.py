@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -219,6 +220,7 @@ def main() -> int:
             child.wait(timeout=60)
     report["load_average"] = [round(x, 2) for x in os.getloadavg()]
     print(json.dumps(report, indent=2))
+    shutil.rmtree(work, ignore_errors=True)  # a failed run keeps it: its logs
     return 0
 
 
