@@ -91,10 +91,12 @@ def main() -> int:
             taints: dict[tuple[str, str], float] = {}  # (device, xid) -> first seen
             messages: dict[tuple[str, str], float] = {}
             stop = threading.Event()
+            watches: list[Any] = []
 
             def watch_slices() -> None:
                 rv = str(client.list_resource_slices(selector)["metadata"]["resourceVersion"])
                 watch = client.watch_resource_slices(selector, rv, timeout_s=600)
+                watches.append(watch)
                 try:
                     for _kind, obj in watch:
                         now = time.perf_counter()
@@ -142,6 +144,8 @@ def main() -> int:
                 to_stream.append((messages[key] - t0) * 1000)
                 time.sleep(0.1)
             stop.set()
+            for w in watches:  # an open watch kept the API server from stopping for 10 s
+                w.close()
             client.close()
             result: dict[str, Any] = {
                 "rounds": args.rounds,
