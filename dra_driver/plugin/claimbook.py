@@ -131,8 +131,9 @@ class ClaimKeeper:
         """Status is written once the triggers have been quiet for ``settle_s``, or
         ``settle_max_s`` after the first under steady load: a burst of pods starting
         gets one round of writes after it instead of server-side applies competing with
-        its prepares for the API server (measured: they cost it more CPU than the
-        claim GETs), and a claim prepared and unprepared within it needs none."""
+        its prepares for the API server (measured: they cost it about as much CPU
+        again as the claim GETs), and a claim prepared and unprepared within it needs
+        none."""
         self._book, self._prepared, self._status = book, prepared, status
         self._interval_s = interval_s
         self._settle_s = settle_s
