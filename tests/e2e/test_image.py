@@ -13,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from dra_driver.demo.pluginimage import prune
 from tests.e2e.helm import ROOT
 
 
@@ -123,10 +124,6 @@ def test_entrypoint_exposes_only_nvml_from_the_driver_root(tmp_path: Path) -> No
 
 
 def test_an_image_build_prunes_all_but_the_newest_older_images(tmp_path: Path) -> None:
-    import os
-
-    from dra_driver.demo.pluginimage import prune
-
     made = []
     for i in range(5):
         d = tmp_path / f"plugin-image-{i:012x}"

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import base64
 import json
+import os
+import ssl
 import subprocess
 import sys
 from pathlib import Path
@@ -11,8 +13,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from dra_driver.devcluster.certs import generate_certs
 from dra_driver.plugin.kubeclient import (
     KubeClient,
+    KubeConfig,
     KubeConfigError,
     NotFoundError,
     load_in_cluster,
@@ -160,12 +164,6 @@ def test_client_key_pair_is_loaded_from_memory_and_bad_material_is_refused(
     """The key pair goes to ssl through memfds (never a file on disk): it loads, every
     descriptor is closed again, and a key that does not match the certificate fails
     when the client is made, not at the first request."""
-    import os
-    import ssl
-
-    from dra_driver.devcluster.certs import generate_certs
-    from dra_driver.plugin.kubeclient import KubeClient, KubeConfig
-
     certs = generate_certs(tmp_path / "pki")
     cert_pem, key_pem = certs.admin_cert.read_text(), certs.admin_key.read_text()
     fds = set(os.listdir("/proc/self/fd"))
