@@ -4,13 +4,13 @@
 wires, in this order: the plugin layer
 (:class:`~dra_driver.plugin.app.KubeletPlugin`: sockets, registration, slices,
 health, claim cleanup), serving at once, and the HTTP health endpoint; then the
-metrics registry (prometheus-client is imported only once the sockets are up),
-given to the plugin and to ``/metrics``; then the host (real or emulated GPUs)
+metrics registry (:mod:`dra_driver.prometheus`), given to the plugin and to
+``/metrics``; then the host (real or emulated GPUs)
 and the GPU driver (discovery, devices, claim preparation; it finishes any
 half-done prepare or unprepare of a previous process), handed to the plugin
 through :class:`LateBackend`; then slice publishing and background work start.
-Serving first puts the registration socket up before the GPU layer (and
-prometheus-client) is even imported: claim calls that arrive
+Serving first puts the registration socket up before the GPU layer is even
+imported: claim calls that arrive
 meanwhile wait for the driver. Then the main thread waits for exactly four
 things: SIGTERM/SIGINT (stop), SIGHUP or the re-discovery interval
 (re-discover, republish if the pool changed), or a fatal failure of a
@@ -42,11 +42,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dra_driver.errors import DriverError
+from dra_driver.prometheus import Registry
 from dra_driver.settings import DaemonSettings
 
 if TYPE_CHECKING:
-    from prometheus_client import CollectorRegistry
-
     from dra_driver.gpu.driver import GpuDriver
     from dra_driver.gpu.inventory import Inventory
     from dra_driver.plugin.backend import DeviceHealth, PreparedDevice
@@ -139,8 +138,8 @@ def run(settings: DaemonSettings, *, environ: Mapping[str, str]) -> int:
 def _run(
     settings: DaemonSettings, environ: Mapping[str, str], wakeups: Wakeups, stack: ExitStack
 ) -> int:
-    # The plugin layer first, so the kubelet finds our sockets before prometheus-client
-    # and the GPU layer are imported and the GPUs are discovered (start to registration
+    # The plugin layer first, so the kubelet finds our sockets before the GPU layer
+    # is imported and the GPUs are discovered (start to registration
     # socket, README).
     from dra_driver.plugin.app import KubeletPlugin
 
@@ -160,8 +159,8 @@ def _run(
     plugin.serve()
     health = None
     if settings.health_port >= 0:
-        # Right after the sockets (http.server's imports are not on the kubelet's path);
-        # the probes answer 503 until the GPUs are discovered and the slices published.
+        # Right after the sockets; the probes answer 503 until the GPUs are
+        # discovered and the slices published.
         from dra_driver.plugin.healthz import HealthServer
 
         health = HealthServer(
@@ -171,7 +170,7 @@ def _run(
         )
         health.start()
         stack.callback(health.stop)
-    registry = _metrics_registry()
+    registry = Registry()
     plugin.add_metrics(registry)
     if health is not None and settings.metrics:
         from dra_driver.plugin.metrics import exposition
@@ -211,17 +210,7 @@ def _run(
                 next_discovery = time.monotonic() + interval
 
 
-def _metrics_registry() -> CollectorRegistry:
-    """Where every metric of the plugin and the GPU layer goes (``/metrics``); imports
-    prometheus-client, so only after the sockets are up."""
-    from prometheus_client import CollectorRegistry
-
-    return CollectorRegistry()
-
-
-def _gpu_driver(
-    settings: DaemonSettings, stack: ExitStack, registry: CollectorRegistry
-) -> GpuDriver:
+def _gpu_driver(settings: DaemonSettings, stack: ExitStack, registry: Registry) -> GpuDriver:
     """The host (real or emulated), discovery, and the driver that finishes whatever a
     previous process left half done; its metrics go into ``registry``."""
     import dataclasses

@@ -33,8 +33,6 @@ import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from prometheus_client import CollectorRegistry
-
 from dra_driver.errors import DriverError
 from dra_driver.gpu.consumable import ConsumableGpus
 from dra_driver.gpu.devices import NumaAttributeForm, build_pool
@@ -59,6 +57,7 @@ from dra_driver.plugin.claimbook import PreparedClaim
 from dra_driver.plugin.claims import Claim, ClaimRef
 from dra_driver.plugin.claimstatus import DeviceStatus
 from dra_driver.plugin.resources import DeviceTaint, Pool
+from dra_driver.prometheus import Registry
 
 _MESSAGE_LIMIT = 1024  # the kubelet truncates longer health messages
 CLAIM_STATE_TAINT = "claim-state"
@@ -89,7 +88,7 @@ class GpuDriver:
         nvml_observer: CallObserver | None = None,
         health_events: HealthEvents | None = None,
         usage_interval_s: float = 10.0,
-        registry: CollectorRegistry | None = None,
+        registry: Registry | None = None,
         mig_mode: MigMode = "static",
         consumable: ConsumableGpus | None = None,
     ) -> None:

@@ -24,15 +24,13 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
-
 from dra_driver.gpu.hostpaths import HostPaths
 from dra_driver.gpu.inventory import Inventory
 from dra_driver.gpu.naming import gpu_device_name, mig_device_name
 from dra_driver.gpu.nvml import Nvml, NvmlError
 from dra_driver.gpu.nvmlmonitor import ProcessInfo
 from dra_driver.plugin.claimbook import PreparedClaim
+from dra_driver.prometheus import Family, counter_family, gauge_family
 
 _POD_UID = re.compile(
     r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})"
@@ -235,39 +233,39 @@ class UsageSampler:
         )
 
 
-class UsageCollector(Collector):
+class UsageCollector:
     """Exports the sampler's latest samples as ``dra_driver_claim_*`` gauges."""
 
     def __init__(self, sampler: UsageSampler) -> None:
         self._sampler = sampler
 
-    def collect(self) -> Iterator[Metric]:
-        util = GaugeMetricFamily(
+    def collect(self) -> Iterator[Family]:
+        util = gauge_family(
             "dra_driver_claim_gpu_utilization_ratio",
             "Fraction of the GPU's SMs the pod's processes kept busy (not on MIG devices).",
             labels=_LABELS,
         )
-        used = GaugeMetricFamily(
+        used = gauge_family(
             "dra_driver_claim_gpu_memory_used_bytes",
             "GPU memory used by the pod's processes on the device.",
             labels=_LABELS,
         )
-        allocated = GaugeMetricFamily(
+        allocated = gauge_family(
             "dra_driver_claim_gpu_memory_allocated_bytes",
             "GPU memory the claim was given on the device (GPU, MIG profile or MPS limit).",
             labels=_LABELS,
         )
-        util_share = GaugeMetricFamily(
+        util_share = gauge_family(
             "dra_driver_claim_gpu_utilization_share_ratio",
             "The pod's fraction of all utilization on the GPU (shared GPUs).",
             labels=_LABELS,
         )
-        mem_share = GaugeMetricFamily(
+        mem_share = gauge_family(
             "dra_driver_claim_gpu_memory_share_ratio",
             "The pod's fraction of the memory all processes use on the device.",
             labels=_LABELS,
         )
-        info = GaugeMetricFamily(
+        info = gauge_family(
             "dra_driver_claim_device_info",
             "1 per allocated device and pod, with what the device is.",
             labels=[*_LABELS, "product", "profile", "sharing"],
@@ -284,12 +282,12 @@ class UsageCollector(Collector):
             if s.memory_share is not None:
                 mem_share.add_metric(labels, s.memory_share)
             info.add_metric([*labels, t.product, t.profile, t.sharing], 1)
-        cost = CounterMetricFamily(
+        cost = counter_family(
             "dra_driver_claim_usage_sampling_cpu_seconds",
             "CPU time the plugin spent sampling per-claim GPU usage (NVML and /proc reads).",
         )
         cost.add_metric([], self._sampler.cpu_seconds)
-        rounds = CounterMetricFamily(
+        rounds = counter_family(
             "dra_driver_claim_usage_samples", "Per-claim usage sampling rounds."
         )
         rounds.add_metric([], self._sampler.samples)

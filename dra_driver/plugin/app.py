@@ -6,7 +6,7 @@ Usage::
     plugin = KubeletPlugin(settings=settings, backend=my_backend, logger=log)
     plugin.serve()            # optional: sockets up before the backend is ready
     plugin.add_metrics(registry)     # optional, once, before or after start(): a
-                                     # prometheus_client registry, imported only then
+                                     # dra_driver.prometheus.Registry
     plugin.start()            # serving, slices being published, background work
     ...
     plugin.republish()        # after the backend's pool() changed
@@ -75,9 +75,8 @@ from dra_driver.plugin.sockets import (
 )
 
 if TYPE_CHECKING:
-    from prometheus_client import CollectorRegistry
-
     from dra_driver.plugin.metrics import PluginMetrics
+    from dra_driver.prometheus import Registry
 
 
 @dataclass(frozen=True)
@@ -181,7 +180,7 @@ class KubeletPlugin:
         logger: logging.Logger,
         environ: Mapping[str, str] | None = None,
         kube_config: KubeConfig | None = None,
-        registry: CollectorRegistry | None = None,
+        registry: Registry | None = None,
         on_fatal: Callable[[str], None] | None = None,
     ) -> None:
         """Builds every component (nothing runs until :meth:`serve` / :meth:`start`).
@@ -347,13 +346,11 @@ class KubeletPlugin:
             self.paths.dra,
         )
 
-    def add_metrics(self, registry: CollectorRegistry) -> None:
+    def add_metrics(self, registry: Registry) -> None:
         """Count into ``registry`` from now on (see :mod:`dra_driver.plugin.metrics`); once.
 
-        For a caller that serves first: prometheus-client is imported here, not with
-        this module, so :meth:`serve` can bind the sockets without it (start to
-        registration socket). Outcomes before this call are not counted; the state
-        gauges (prepared claims, device health) are read at scrape time anyway."""
+        For a caller that serves first: outcomes before this call are not counted; the
+        state gauges (prepared claims, device health) are read at scrape time anyway."""
         from dra_driver.plugin.metrics import PluginMetrics
 
         if self.metrics is not None:

@@ -1,7 +1,7 @@
 """Prometheus metrics of the plugin layer, in a registry the composition root passes in.
 
-Nothing registers into the global default registry: every metric lives in the
-:class:`~prometheus_client.CollectorRegistry` given to :class:`PluginMetrics`,
+Nothing is global: every metric lives in the :class:`~dra_driver.prometheus.Registry`
+given to :class:`PluginMetrics`,
 and ``/metrics`` (see :mod:`dra_driver.plugin.healthz`) serves that registry.
 Names start with ``dra_driver_``; label values are bounded (operations,
 reasons, the node's own devices), never claim UIDs.
@@ -27,19 +27,17 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 
-from prometheus_client import (
-    CONTENT_TYPE_LATEST,
-    CollectorRegistry,
-    Counter,
-    Gauge,
-    Histogram,
-    generate_latest,
-)
-from prometheus_client.core import GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
-
 from dra_driver.plugin.backend import DeviceHealth
 from dra_driver.plugin.resources import Pool
+from dra_driver.prometheus import (
+    CONTENT_TYPE,
+    Counter,
+    Family,
+    Gauge,
+    Histogram,
+    Registry,
+    gauge_family,
+)
 
 _OPERATION_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 _SYNC_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
@@ -48,7 +46,7 @@ _SYNC_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 class PublishMetrics:
     """What the slice publisher counts."""
 
-    def __init__(self, registry: CollectorRegistry) -> None:
+    def __init__(self, registry: Registry) -> None:
         self._writes = Counter(
             "dra_driver_resourceslice_writes",
             "ResourceSlice writes by this node's plugin, by operation.",
@@ -96,7 +94,7 @@ class PublishMetrics:
 class OperationMetrics:
     """Per-claim prepare/unprepare latency and failures, labelled by operation and reason."""
 
-    def __init__(self, registry: CollectorRegistry) -> None:
+    def __init__(self, registry: Registry) -> None:
         self._duration = Histogram(
             "dra_driver_node_operation_duration_seconds",
             "Time to prepare or unprepare one claim (kubelet request to result).",
@@ -117,7 +115,7 @@ class OperationMetrics:
             self._errors.labels(operation, error_reason).inc()
 
 
-class _StateCollector(Collector):
+class _StateCollector:
     """Read at scrape time: prepared claims, device health and taints (bounded by devices)."""
 
     def __init__(
@@ -131,17 +129,17 @@ class _StateCollector(Collector):
         self._health, self._pool, self._prepared = health, pool, prepared_claims
         self._devices = prepared_devices
 
-    def collect(self) -> Iterator[Metric]:
-        claims = GaugeMetricFamily("dra_driver_prepared_claims", "Claims prepared on this node.")
+    def collect(self) -> Iterator[Family]:
+        claims = gauge_family("dra_driver_prepared_claims", "Claims prepared on this node.")
         claims.add_metric([], self._prepared())
         yield claims
         if self._devices is not None:
-            devices = GaugeMetricFamily(
+            devices = gauge_family(
                 "dra_driver_prepared_devices", "Devices of the claims prepared on this node."
             )
             devices.add_metric([], self._devices())
             yield devices
-        healthy = GaugeMetricFamily(
+        healthy = gauge_family(
             "dra_driver_device_healthy",
             "1 when the device is Healthy in the health stream to the kubelet, else 0.",
             labels=["pool", "device", "health"],
@@ -149,7 +147,7 @@ class _StateCollector(Collector):
         for d in self._health():
             healthy.add_metric([d.pool, d.device, d.health], 1.0 if d.health == "Healthy" else 0.0)
         yield healthy
-        taints = GaugeMetricFamily(
+        taints = gauge_family(
             "dra_driver_device_taints",
             "Taints on a published device (1 per taint), by key, value and effect.",
             labels=["device", "key", "value", "effect"],
@@ -163,7 +161,7 @@ class _StateCollector(Collector):
 class PluginMetrics:
     """The plugin layer's metrics; one per plugin, all in ``registry``."""
 
-    def __init__(self, registry: CollectorRegistry) -> None:
+    def __init__(self, registry: Registry) -> None:
         self.registry = registry
         self.publish = PublishMetrics(registry)
         self.operations = OperationMetrics(registry)
@@ -187,10 +185,10 @@ class PluginMetrics:
         )
 
 
-def exposition(registry: CollectorRegistry) -> Callable[[], tuple[bytes, str]]:
+def exposition(registry: Registry) -> Callable[[], tuple[bytes, str]]:
     """What ``/metrics`` serves: the registry in Prometheus text format, and its type."""
 
     def render() -> tuple[bytes, str]:
-        return generate_latest(registry), CONTENT_TYPE_LATEST
+        return registry.render(), CONTENT_TYPE
 
     return render

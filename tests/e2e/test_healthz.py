@@ -5,15 +5,19 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from dra_driver.plugin.app import Readiness
 from dra_driver.plugin.healthz import HealthServer
+from dra_driver.plugin.metrics import exposition
 from dra_driver.plugin.publishing import PublishStatus
+from dra_driver.prometheus import Counter, Registry
 
 
 class Switch:
@@ -83,3 +87,64 @@ def test_a_failing_check_answers_503_and_unknown_paths_404(served) -> None:
     assert code == 503
     assert "boom" in body["problems"][0]
     assert get(server, "/metrics")[0] == 404
+
+
+def raw(server: HealthServer, request: bytes) -> bytes:
+    """What the server answers to exactly these bytes (it closes the connection)."""
+    with socket.create_connection(("127.0.0.1", server.port), timeout=5) as sock:
+        sock.sendall(request)
+        chunks = []
+        while chunk := sock.recv(65536):
+            chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def test_head_answers_the_headers_only_and_other_methods_405(served) -> None:
+    server, _ = served
+    got = raw(server, b"HEAD /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+    head, _, body = got.partition(b"\r\n\r\n")
+    full = raw(server, b"GET /healthz HTTP/1.0\r\n\r\n").partition(b"\r\n\r\n")[2]
+    assert head.startswith(b"HTTP/1.1 200 OK\r\n")
+    assert b"Content-Length: %d\r\n" % len(full) in head and b"Connection: close" in head
+    assert body == b"" and json.loads(full) == {"ok": True, "problems": []}
+    assert raw(server, b"POST /healthz HTTP/1.1\r\nContent-Length: 0\r\n\r\n").startswith(
+        b"HTTP/1.1 405 Method Not Allowed\r\n"
+    )
+
+
+def test_malformed_and_oversized_requests_get_4xx_not_a_crash(served) -> None:
+    server, _ = served
+    assert raw(server, b"GARBAGE\r\n\r\n").startswith(b"HTTP/1.1 400 ")
+    assert raw(server, b"GET /" + b"a" * 9000 + b" HTTP/1.1\r\n\r\n").startswith(b"HTTP/1.1 414 ")
+    many = b"".join(b"X-%d: y\r\n" % i for i in range(101))
+    assert raw(server, b"GET /healthz HTTP/1.1\r\n" + many + b"\r\n").startswith(b"HTTP/1.1 431 ")
+    long_header = b"X: " + b"y" * 9000 + b"\r\n"
+    assert raw(server, b"GET /healthz HTTP/1.1\r\n" + long_header + b"\r\n").startswith(
+        b"HTTP/1.1 431 "
+    )
+    assert get(server, "/healthz")[0] == 200  # still serving
+
+
+def test_a_silent_client_does_not_hold_up_the_probes(served) -> None:
+    server, _ = served
+    with socket.create_connection(("127.0.0.1", server.port), timeout=5) as silent:
+        silent.sendall(b"GET /heal")  # and nothing more
+        assert get(server, "/healthz")[0] == 200
+
+
+def test_metrics_are_served_in_the_text_format() -> None:
+    registry = Registry()
+    Counter("t_requests", "Requests.", ["code"], registry=registry).labels("200").inc(3)
+    server = HealthServer(readiness=Switch(), port=0, host="127.0.0.1",
+                          logger=logging.getLogger("t"), metrics=exposition(registry))  # fmt: skip
+    server.start()
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/metrics", timeout=5) as r:
+            assert r.headers["Content-Type"] == "text/plain; version=0.0.4; charset=utf-8"
+            text = r.read().decode()
+    finally:
+        server.stop()
+    [family] = text_string_to_metric_families(text)
+    assert [(s.name, s.labels, s.value) for s in family.samples] == [
+        ("t_requests_total", {"code": "200"}, 3.0)
+    ]
