@@ -29,8 +29,13 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 COPY --from=build /wheels /wheels
+# Optimized bytecode (-OO: no docstrings, no asserts) for everything the plugin
+# loads, and PYTHONOPTIMIZE=2 to use it: 1.5 MB less resident memory at rest on
+# every node (README "Benchmarks"). Compiled here, so no start compiles it.
 RUN pip install /wheels/*.whl && rm -rf /wheels \
+ && python -OO -m compileall -q -j 0 /usr/local/lib/python3.11 \
  && useradd --system --uid 65532 --no-create-home --shell /usr/sbin/nologin dra
+ENV PYTHONOPTIMIZE=2
 # NVML (libnvidia-ml.so.1) comes from the host's driver root, mounted by the
 # chart at /driver-root; the entry point exposes that one library to the loader
 # (not the host's whole lib dir, which would shadow the image's libc).

@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.bytecode import compile_package
+from bench.bytecode import PLUGIN_ENV, compile_package
 
 KUBECONFIG = {
     "apiVersion": "v1",
@@ -56,7 +56,7 @@ def _start(tree: Path, *, hook: bool, real: bool = False) -> float:
     try:
         (work / "kubeconfig").write_text(json.dumps(KUBECONFIG))
         env = {k: v for k, v in os.environ.items() if not k.startswith("DRA_")}
-        env |= {
+        env |= PLUGIN_ENV | {
             "DRA_NODE_NAME": "node-a",
             "DRA_KUBECONFIG": str(work / "kubeconfig"),
             "PYTHONPATH": os.pathsep.join(

@@ -178,9 +178,12 @@ def assemble_rootfs(repo: Path, work: Path, python: str = sys.executable) -> Pat
     shutil.rmtree(rootfs / "usr/share/man", ignore_errors=True)
     _install_python_packages(repo, work, rootfs, python)
     # What Debian's postinst (py3compile) would do: bytecode for the standard
-    # library, so no container compiles it again at every start (same 3.11 magic).
+    # library, so no container compiles it again at every start (same 3.11 magic);
+    # and the optimized bytecode the Dockerfile compiles (it runs PYTHONOPTIMIZE=2).
     _run([python, "-m", "compileall", "-q", "-j", "0", str(rootfs / "usr/lib/python3.11")],
          "compiling the standard library")  # fmt: skip
+    _run([python, "-OO", "-m", "compileall", "-q", "-j", "0", str(rootfs / "usr/lib/python3.11"),
+          str(rootfs / SITE_PACKAGES)], "compiling optimized bytecode")  # fmt: skip
     local_bin = rootfs / "usr/local/bin"
     local_bin.mkdir(parents=True, exist_ok=True)
     shutil.copy2(repo / "deploy/image/entrypoint.sh", local_bin / "dra-driver-entrypoint")
