@@ -13,8 +13,9 @@ float values, cumulative buckets. The tests parse what this module renders with
 prometheus-client's own parser (a dependency still: ``dra-driver report`` reads
 scrapes with it), so the two cannot drift apart.
 
-Not rendered: ``_created`` samples (Prometheus ignores them in this format) and
-OpenMetrics; ``/metrics`` answers ``text/plain; version=0.0.4``.
+Not rendered: the ``_created`` series prometheus-client adds to every counter and
+histogram (creation timestamps as extra gauges; nothing here reads them), and
+OpenMetrics: ``/metrics`` answers ``text/plain; version=0.0.4``.
 """
 
 from __future__ import annotations
@@ -112,7 +113,7 @@ class Registry:
         return ("\n".join(lines) + "\n").encode() if lines else b""
 
     def get_sample_value(self, name: str, labels: Mapping[str, str] | None = None) -> float | None:
-        """The value of one sample (tests and ``dra-driver report``), None when absent."""
+        """The value of one sample (tests, in-process checks), None when absent."""
         wanted = dict(labels or {})
         for fam in self.collect():
             for s in fam.samples:
@@ -186,17 +187,23 @@ class Counter(_Metric):
         yield fam
 
 
-class _CounterChild:
-    __slots__ = ("_metric", "_value")
+class _Child:
+    """One label combination's values, updated under its metric's lock."""
 
-    def __init__(self, metric: _Metric, value: list[float]) -> None:
-        self._metric, self._value = metric, value
+    __slots__ = ("_metric", "_values")
+
+    def __init__(self, metric: _Metric, values: list[float]) -> None:
+        self._metric, self._values = metric, values
+
+
+class _CounterChild(_Child):
+    __slots__ = ()
 
     def inc(self, amount: float = 1.0) -> None:
         if amount < 0:
             raise ValueError(f"{self._metric.name}: a counter only goes up, not by {amount}")
         with self._metric._lock:
-            self._value[0] += amount
+            self._values[0] += amount
 
 
 class Gauge(_Metric):
@@ -214,15 +221,12 @@ class Gauge(_Metric):
         yield fam
 
 
-class _GaugeChild:
-    __slots__ = ("_metric", "_value")
-
-    def __init__(self, metric: _Metric, value: list[float]) -> None:
-        self._metric, self._value = metric, value
+class _GaugeChild(_Child):
+    __slots__ = ()
 
     def set(self, value: float) -> None:
         with self._metric._lock:
-            self._value[0] = float(value)
+            self._values[0] = float(value)
 
 
 class Histogram(_Metric):
@@ -270,11 +274,9 @@ class Histogram(_Metric):
         yield fam
 
 
-class _HistogramChild:
-    __slots__ = ("_metric", "_values")
-
-    def __init__(self, metric: Histogram, values: list[float]) -> None:
-        self._metric, self._values = metric, values
+class _HistogramChild(_Child):
+    __slots__ = ()
+    _metric: Histogram
 
     def observe(self, value: float) -> None:
         i = bisect.bisect_left(self._metric._bounds, value)  # le: bound >= value
