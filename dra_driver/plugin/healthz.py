@@ -124,6 +124,9 @@ class HealthServer:
                     code, data, content_type, method = self._answer()
                 except OSError:  # timed out or hung up: nobody to answer
                     return
+                except Exception as exc:  # logged as ours, not a traceback on stderr
+                    server._log.exception("health endpoint request failed")
+                    code, data, content_type, method = 500, f"{exc}\n".encode(), "text/plain", ""
                 head = (
                     f"HTTP/1.1 {code} {_REASONS.get(code, 'Error')}\r\n"
                     f"Content-Type: {content_type}\r\n"

@@ -148,3 +148,16 @@ def test_metrics_are_served_in_the_text_format() -> None:
     assert [(s.name, s.labels, s.value) for s in family.samples] == [
         ("t_requests_total", {"code": "200"}, 3.0)
     ]
+
+
+def test_an_unexpected_failure_answers_500_and_is_logged(served, monkeypatch, caplog) -> None:
+    server, _ = served
+
+    def broken(method: str, path: str) -> tuple[int, bytes, str]:
+        raise KeyError("boom")
+
+    monkeypatch.setattr(server, "respond", broken)
+    with caplog.at_level(logging.ERROR, logger="t"):
+        got = raw(server, b"GET /healthz HTTP/1.1\r\n\r\n")
+    assert got.startswith(b"HTTP/1.1 500 Internal Server Error\r\n")
+    assert "health endpoint request failed" in caplog.text
