@@ -182,8 +182,9 @@ def assemble_rootfs(repo: Path, work: Path, python: str = sys.executable) -> Pat
     # and the optimized bytecode the Dockerfile compiles (it runs PYTHONOPTIMIZE=2).
     _run([python, "-m", "compileall", "-q", "-j", "0", str(rootfs / "usr/lib/python3.11")],
          "compiling the standard library")  # fmt: skip
-    _run([python, "-OO", "-m", "compileall", "-q", "-j", "0", str(rootfs / "usr/lib/python3.11"),
-          str(rootfs / SITE_PACKAGES)], "compiling optimized bytecode")  # fmt: skip
+    _run([python, "-OO", "-m", "compileall", "-q", "-j", "0", "-x", "/(tests?|idle_test|lib2to3)/",
+          str(rootfs / "usr/lib/python3.11"), str(rootfs / SITE_PACKAGES)],
+         "compiling optimized bytecode")  # fmt: skip
     local_bin = rootfs / "usr/local/bin"
     local_bin.mkdir(parents=True, exist_ok=True)
     shutil.copy2(repo / "deploy/image/entrypoint.sh", local_bin / "dra-driver-entrypoint")
