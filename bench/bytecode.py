@@ -19,11 +19,13 @@ import re
 import sysconfig
 from pathlib import Path
 
+from dra_driver.demo.pluginimage import NOT_COMPILED
+
 PLUGIN_ENV = {"PYTHONOPTIMIZE": "2"}
 """What the image's ``ENV`` sets for the plugin's interpreter (Dockerfile); benches
 that start our daemon start it with this."""
 _DAEMON_LIBRARIES = ("grpc", "google.protobuf", "pynvml", "yaml")
-_TESTS = re.compile(r"/(tests?|lib2to3|idlelib)/")
+_TESTS = re.compile(NOT_COMPILED)
 
 
 def compile_package(tree: Path) -> None:
@@ -32,7 +34,7 @@ def compile_package(tree: Path) -> None:
     if not compileall.compile_dir(tree / "dra_driver", quiet=1, workers=1, optimize=[0, 2]):
         raise SystemExit(f"{tree}: compileall failed")
     for lib in _libraries():
-        if lib.is_dir():  # their own test files are never imported (some do not compile)
+        if lib.is_dir():
             compileall.compile_dir(lib, quiet=2, workers=0, optimize=2, rx=_TESTS)
         else:
             compileall.compile_file(lib, quiet=2, optimize=2)

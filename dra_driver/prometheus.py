@@ -155,14 +155,15 @@ class _Metric:
         return child
 
     def collect(self) -> Iterator[Family]:
-        raise NotImplementedError
+        """Counters and gauges: one value per child (histograms have their own)."""
+        fam = Family(self.name, self.help, self.type, self.labelnames)
+        for key, values in self._items():
+            fam.add_metric(key, values[0])
+        yield fam
 
-    def _items(self) -> list[tuple[dict[str, str], list[float]]]:
+    def _items(self) -> list[tuple[tuple[str, ...], list[float]]]:
         with self._lock:
-            return [
-                (dict(zip(self.labelnames, key, strict=True)), list(values))
-                for key, values in self._children.items()
-            ]
+            return [(key, list(values)) for key, values in self._children.items()]
 
 
 class Counter(_Metric):
@@ -180,11 +181,6 @@ class Counter(_Metric):
 
     def inc(self, amount: float = 1.0) -> None:
         _CounterChild(self, self._child(())).inc(amount)
-
-    def collect(self) -> Iterator[Family]:
-        fam = Family(self.name, self.help, self.type, self.labelnames)
-        fam.samples = [Sample(self.name + "_total", lb, v[0]) for lb, v in self._items()]
-        yield fam
 
 
 class _Child:
@@ -214,11 +210,6 @@ class Gauge(_Metric):
 
     def set(self, value: float) -> None:
         _GaugeChild(self, self._child(())).set(value)
-
-    def collect(self) -> Iterator[Family]:
-        fam = Family(self.name, self.help, self.type, self.labelnames)
-        fam.samples = [Sample(self.name, lb, v[0]) for lb, v in self._items()]
-        yield fam
 
 
 class _GaugeChild(_Child):
@@ -264,7 +255,8 @@ class Histogram(_Metric):
     def collect(self) -> Iterator[Family]:
         fam = Family(self.name, self.help, self.type, self.labelnames)
         les = [*(_number(b) for b in self._bounds), "+Inf"]
-        for labels, values in self._items():
+        for key, values in self._items():
+            labels = dict(zip(self.labelnames, key, strict=True))
             total = 0.0
             for le, count in zip(les, values, strict=False):
                 total += count

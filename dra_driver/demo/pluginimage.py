@@ -46,6 +46,9 @@ EXCLUDED = frozenset(
 """Pulled in by maintainer scripts or MIME tooling the plugin never runs."""
 SITE_PACKAGES = "usr/local/lib/python3.11/dist-packages"
 """Where Debian's python3.11 finds locally installed packages."""
+NOT_COMPILED = "/(tests?|idle_test|lib2to3)/"
+"""Paths compileall skips (as the Dockerfile's ``-x``): test files are never imported,
+and some do not compile, which would fail the build."""
 IMAGE_NAME = "localhost/dra-driver"
 RUNTIME_UID = 65532
 
@@ -182,7 +185,7 @@ def assemble_rootfs(repo: Path, work: Path, python: str = sys.executable) -> Pat
     # and the optimized bytecode the Dockerfile compiles (it runs PYTHONOPTIMIZE=2).
     _run([python, "-m", "compileall", "-q", "-j", "0", str(rootfs / "usr/lib/python3.11")],
          "compiling the standard library")  # fmt: skip
-    _run([python, "-OO", "-m", "compileall", "-q", "-j", "0", "-x", "/(tests?|idle_test|lib2to3)/",
+    _run([python, "-OO", "-m", "compileall", "-q", "-j", "0", "-x", NOT_COMPILED,
           str(rootfs / "usr/lib/python3.11"), str(rootfs / SITE_PACKAGES)],
          "compiling optimized bytecode")  # fmt: skip
     local_bin = rootfs / "usr/local/bin"
