@@ -33,7 +33,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from dra_driver.gpu.checkpoint import PREPARED, ClaimEntry, DeviceRecord
+from dra_driver.gpu.checkpoint import PREPARED, Checkpoint, ClaimEntry, DeviceRecord
 from dra_driver.gpu.discovery import discover
 from dra_driver.gpu.emulation import gputools
 from dra_driver.gpu.emulation.node import EmulatedNode
@@ -144,10 +144,17 @@ def run(rounds: int, real: bool = False) -> dict[str, Any]:
                         state=PREPARED,
                         namespace="ns",
                         name=f"c{i}",
-                        devices=[DeviceRecord(request="gpu", pool="node", device="gpu-0")],
-                        units=[],
+                        devices=(DeviceRecord(request="gpu", pool="node", device="gpu-0"),),
+                        units=(),
                     )
-                saves = [timed(lambda cp=cp: store.save(cp)) for _ in range(rounds)]  # type: ignore[misc]
+
+                def save(cp: Checkpoint = cp) -> None:
+                    # As a transaction does: one new entry among the others.
+                    cp.claims[str(uuid.uuid4())] = ClaimEntry(PREPARED, "ns", "new", (), ())
+                    store.save(cp)
+                    cp.claims.popitem()
+
+                saves = [timed(save) for _ in range(rounds)]
             results[f"checkpoint_save_{others}_claims"] = percentiles(saves)
 
         def lock_load() -> None:

@@ -25,6 +25,12 @@ not finish: never reported as prepared; its devices stay reserved until the
 teardown completes). A claim without units has nothing to undo but its spec:
 it is recorded ``Prepared`` at once and dropped after its spec is removed.
 
+Entries are frozen: a change is a new entry put in the checkpoint's dict. That
+lets a transaction start from a shallow copy of the last checkpoint read or
+saved, and lets :class:`Encoder` reuse the JSON of every entry it wrote before,
+so a transaction costs O(changed entries), not O(claims on the node), in
+Python (the file itself is still rewritten whole).
+
 Compatibility: unknown fields at any level are kept and written back, so a
 newer plugin's additions survive a rewrite by this one. Version 1 files (plugin
 0.1, ``PrepareStarted``/``PrepareCompleted`` and an ``applied`` summary) are
@@ -35,9 +41,11 @@ with the path of the bad field: it is the only record of what must be undone.
 
 from __future__ import annotations
 
+import json
 import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from dra_driver.errors import DriverError
 from dra_driver.gpu.strategies.base import Unit
@@ -51,6 +59,7 @@ SharedState = Literal["Acquiring", "Ready", "Releasing"]
 ACQUIRING: SharedState = "Acquiring"
 READY: SharedState = "Ready"
 RELEASING: SharedState = "Releasing"
+_E = TypeVar("_E")
 _UID = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 
 
@@ -62,7 +71,7 @@ class CheckpointCorruptError(CheckpointError):
     """The file exists but is not a checkpoint we can trust."""
 
 
-@dataclass
+@dataclass(frozen=True)
 class DeviceRecord:
     """One allocated device of a claim and what the kubelet got for it."""
 
@@ -71,47 +80,56 @@ class DeviceRecord:
     device: str
     admin_access: bool = False
     share_id: str | None = None
-    consumed_capacity: dict[str, str] = field(default_factory=dict)
+    consumed_capacity: Mapping[str, str] = field(default_factory=dict)
     cdi_device_ids: tuple[str, ...] = ()
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: Mapping[str, Any] = field(default_factory=dict)
 
 
-@dataclass
+@dataclass(frozen=True)
 class ClaimEntry:
+    """Frozen, and so are its parts (mappings are never changed in place): change
+    one with :func:`dataclasses.replace` and put the result in the checkpoint."""
+
     state: ClaimState
     namespace: str
     name: str
-    devices: list[DeviceRecord]
-    units: list[Unit]
+    devices: tuple[DeviceRecord, ...]
+    units: tuple[Unit, ...]
     error: str = ""
-    extra: dict[str, Any] = field(default_factory=dict)
-    unit_extras: list[dict[str, Any]] = field(default_factory=list)
+    extra: Mapping[str, Any] = field(default_factory=dict)
+    unit_extras: tuple[Mapping[str, Any], ...] = ()
     """Unknown fields of each unit, kept for the rewrite."""
 
     def shared_keys(self) -> set[str]:
         return {key for unit in self.units for key in unit.shared}
 
 
-@dataclass
+@dataclass(frozen=True)
 class SharedEntry:
     """A per-node resource used by the units of one or more claims."""
 
     strategy: str
     state: SharedState
-    record: dict[str, Any] = field(default_factory=dict)
-    extra: dict[str, Any] = field(default_factory=dict)
+    record: Mapping[str, Any] = field(default_factory=dict)
+    extra: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass
 class Checkpoint:
+    """Its dicts are the caller's to change (entries are replaced, never changed)."""
+
     boot_id: str
     claims: dict[str, ClaimEntry] = field(default_factory=dict)
     shared: dict[str, SharedEntry] = field(default_factory=dict)
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: Mapping[str, Any] = field(default_factory=dict)
 
     def users_of(self, key: str) -> list[str]:
         """UIDs of the claims whose units use shared resource ``key``."""
         return [uid for uid, e in self.claims.items() if key in e.shared_keys()]
+
+    def copy(self) -> Checkpoint:
+        """New dicts, the same (frozen) entries: what a transaction may change."""
+        return Checkpoint(self.boot_id, dict(self.claims), dict(self.shared), self.extra)
 
 
 # -- decoding -------------------------------------------------------------------------
@@ -194,11 +212,13 @@ def _claim(raw: object, path: str) -> ClaimEntry:
         state=_state(r.get("state", str), f"{path}.state", (PREPARING, PREPARED, UNPREPARING)),
         namespace=r.get("namespace", str, ""),
         name=r.get("name", str, ""),
-        devices=[_device(d, f"{path}.devices[{i}]") for i, d in enumerate(r.get("devices", list))],
-        units=[u for u, _ in units],
+        devices=tuple(
+            _device(d, f"{path}.devices[{i}]") for i, d in enumerate(r.get("devices", list))
+        ),
+        units=tuple(u for u, _ in units),
         error=r.get("error", str, ""),
         extra=r.extra,
-        unit_extras=[x for _, x in units],
+        unit_extras=tuple(x for _, x in units),
     )
 
 
@@ -227,48 +247,6 @@ def decode(raw: object) -> Checkpoint:
     )
 
 
-def copy_checkpoint(cp: Checkpoint) -> Checkpoint:
-    """A copy whose every part callers change is new (the checkpoint, its dicts, each
-    entry and its lists, each device record); a fraction of the cost of decoding.
-
-    Shared with the original: the frozen :class:`Unit` objects and the JSON values
-    under ``extra``/``record``, which nothing changes in place (they are replaced)."""
-    return Checkpoint(
-        boot_id=cp.boot_id,
-        claims={uid: _copy_claim(e) for uid, e in cp.claims.items()},
-        shared={
-            k: SharedEntry(s.strategy, s.state, dict(s.record), dict(s.extra))
-            for k, s in cp.shared.items()
-        },
-        extra=dict(cp.extra),
-    )
-
-
-def _copy_claim(e: ClaimEntry) -> ClaimEntry:
-    return ClaimEntry(
-        state=e.state,
-        namespace=e.namespace,
-        name=e.name,
-        devices=[
-            DeviceRecord(
-                d.request,
-                d.pool,
-                d.device,
-                d.admin_access,
-                d.share_id,
-                dict(d.consumed_capacity),
-                d.cdi_device_ids,
-                dict(d.extra),
-            )
-            for d in e.devices
-        ],
-        units=list(e.units),
-        error=e.error,
-        extra=dict(e.extra),
-        unit_extras=[dict(x) for x in e.unit_extras],
-    )
-
-
 # -- encoding -------------------------------------------------------------------------
 
 
@@ -289,7 +267,7 @@ def _device_json(d: DeviceRecord) -> dict[str, Any]:
 
 
 def _claim_json(e: ClaimEntry) -> dict[str, Any]:
-    extras = e.unit_extras + [{}] * (len(e.units) - len(e.unit_extras))
+    extras = [*e.unit_extras, *[{}] * (len(e.units) - len(e.unit_extras))]
     out: dict[str, Any] = {
         **e.extra,
         "state": e.state,
@@ -313,17 +291,53 @@ def _claim_json(e: ClaimEntry) -> dict[str, Any]:
     return out
 
 
+def _shared_json(s: SharedEntry) -> dict[str, Any]:
+    return {**s.extra, "strategy": s.strategy, "state": s.state, "record": dict(s.record)}
+
+
 def encode(cp: Checkpoint) -> dict[str, Any]:
+    """The whole checkpoint as JSON values (what :class:`Encoder` writes, as bytes)."""
     return {
         **cp.extra,
         "version": VERSION,
         "nodeBootID": cp.boot_id,
         "claims": {uid: _claim_json(e) for uid, e in cp.claims.items()},
-        "shared": {
-            k: {**s.extra, "strategy": s.strategy, "state": s.state, "record": dict(s.record)}
-            for k, s in cp.shared.items()
-        },
+        "shared": {k: _shared_json(s) for k, s in cp.shared.items()},
     }
+
+
+def _dumps(value: object) -> str:
+    return json.dumps(value, separators=(",", ":"))
+
+
+class Encoder:
+    """The file's bytes (``encode`` as compact JSON), re-encoding only entries it has
+    not written before: an entry is frozen, so the same object has the same JSON.
+    Keeps the last call's entries only; one caller at a time (the checkpoint lock)."""
+
+    def __init__(self) -> None:
+        self._claims: dict[str, tuple[ClaimEntry, str]] = {}
+        self._shared: dict[str, tuple[SharedEntry, str]] = {}
+
+    def dumps(self, cp: Checkpoint) -> bytes:
+        claims = {
+            uid: _member(uid, e, self._claims.get(uid), _claim_json) for uid, e in cp.claims.items()
+        }
+        shared = {k: _member(k, s, self._shared.get(k), _shared_json) for k, s in cp.shared.items()}
+        self._claims, self._shared = claims, shared
+        head = _dumps({**cp.extra, "version": VERSION, "nodeBootID": cp.boot_id})
+        body = ",".join(text for _, text in claims.values())
+        tail = ",".join(text for _, text in shared.values())
+        return f'{head[:-1]},"claims":{{{body}}},"shared":{{{tail}}}}}\n'.encode()
+
+
+def _member(
+    key: str, entry: _E, seen: tuple[_E, str] | None, to_json: Callable[[_E], object]
+) -> tuple[_E, str]:
+    """``"key":{...}`` for an object member, reused when ``entry`` is the one seen."""
+    if seen is not None and seen[0] is entry:
+        return seen
+    return entry, f"{_dumps(key)}:{_dumps(to_json(entry))}"
 
 
 # -- version 1 --------------------------------------------------------------------------

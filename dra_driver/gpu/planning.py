@@ -53,7 +53,7 @@ class ClaimPlan:
         ]
 
 
-def allocation_key(records: list[DeviceRecord]) -> list[tuple[object, ...]]:
+def allocation_key(records: Sequence[DeviceRecord]) -> list[tuple[object, ...]]:
     """What makes two preparations of a claim the same (its allocation)."""
     return [(d.request, d.pool, d.device, d.admin_access, d.share_id) for d in records]
 

@@ -91,9 +91,12 @@ class _Steps:
         if self._units is None:
             raise ValueError("only apply() records; acquire() returns its record")
         with self._p._store.transaction() as loaded:
-            entry = loaded.checkpoint.claims[self._uid]
+            claims = loaded.checkpoint.claims
+            entry = claims[self._uid]
             unit = dataclasses.replace(entry.units[self._index], record=dict(record))
-            entry.units[self._index] = self._units[self._index] = unit
+            units = list(entry.units)
+            units[self._index] = self._units[self._index] = unit
+            claims[self._uid] = dataclasses.replace(entry, units=tuple(units))
             self._p._store.save(loaded.checkpoint)
         self._p._on_step(f"record:{unit.strategy}")
 
@@ -328,8 +331,8 @@ class ClaimPreparer:
             state=PREPARING if plan.units else PREPARED,
             namespace=plan.claim.ref.namespace,
             name=plan.claim.ref.name,
-            devices=records,
-            units=list(plan.units),
+            devices=tuple(records),
+            units=plan.units,
         )
         check_conflicts(loaded.checkpoint, plan.claim.uid, entry)
         loaded.checkpoint.claims[plan.claim.uid] = entry
@@ -352,7 +355,8 @@ class ClaimPreparer:
                         self._acquire_shared(key, strategy)
                     strategy.apply(unit, _Steps(self, claim.uid, units, i))
                 with self._store.transaction() as loaded:
-                    loaded.checkpoint.claims[claim.uid].state = PREPARED
+                    claims = loaded.checkpoint.claims
+                    claims[claim.uid] = dataclasses.replace(claims[claim.uid], state=PREPARED)
                     self._store.save(loaded.checkpoint)
                 self._on_step("checkpoint-prepared")
             content = self._specs.build(
@@ -407,7 +411,7 @@ class ClaimPreparer:
             if not entry.units:
                 self._drop_spec_and_entry(uid, loaded, log, what)
             elif entry.state != UNPREPARING:
-                entry.state = UNPREPARING
+                loaded.checkpoint.claims[uid] = dataclasses.replace(entry, state=UNPREPARING)
                 self._store.save(loaded.checkpoint)
         if not entry.units:
             self._on_step("checkpoint-removed")
@@ -433,8 +437,9 @@ class ClaimPreparer:
             cp = loaded.checkpoint
             if errors:
                 if uid in cp.claims:
-                    cp.claims[uid].state = UNPREPARING
-                    cp.claims[uid].error = "; ".join(errors)
+                    cp.claims[uid] = dataclasses.replace(
+                        cp.claims[uid], state=UNPREPARING, error="; ".join(errors)
+                    )
                     self._store.save(cp)
                 log.error("teardown incomplete, retried with the next call: %s", "; ".join(errors))
                 raise PrepareError(
@@ -450,8 +455,8 @@ class ClaimPreparer:
         try:
             cdi.remove_spec(self._cdi_dir, self.kind, uid)
         except cdi.CdiError as exc:
-            entry = loaded.checkpoint.claims[uid]
-            entry.state, entry.error = UNPREPARING, str(exc)
+            claims = loaded.checkpoint.claims
+            claims[uid] = dataclasses.replace(claims[uid], state=UNPREPARING, error=str(exc))
             self._store.save(loaded.checkpoint)
             log.error("teardown incomplete, retried with the next call: %s", exc)
             raise PrepareError(
@@ -469,7 +474,7 @@ class ClaimPreparer:
             if shared is None or [u for u in cp.users_of(key) if u != releasing_uid]:
                 return
             if shared.state != RELEASING:
-                shared.state = RELEASING
+                cp.shared[key] = dataclasses.replace(shared, state=RELEASING)
                 self._store.save(cp)
         strategy = self._strategy(shared.strategy)
         if not isinstance(strategy, SharedResources):

@@ -44,9 +44,8 @@ from dra_driver.gpu.checkpoint import (
     Checkpoint,
     CheckpointCorruptError,
     CheckpointError,
-    copy_checkpoint,
+    Encoder,
     decode,
-    encode,
     migrate_v1,
 )
 from dra_driver.gpu.locks import LockTimeout, NodeLocks
@@ -85,6 +84,7 @@ class CheckpointStore:
         self._on_problem = on_problem
         self._last: tuple[bytes, Checkpoint] | None = None
         """The bytes last decoded and their checkpoint, never handed out (copies are)."""
+        self._encoder = Encoder()
         self.problem = ""
         """Why the file cannot be used ("" when it can), as of the last read."""
 
@@ -182,7 +182,7 @@ class CheckpointStore:
         identical bytes count, never a timestamp (coarse) or an inode (reused). Called
         under the lock, so one caller at a time."""
         if self._last is not None and self._last[0] == data:
-            return copy_checkpoint(self._last[1])
+            return self._last[1].copy()
         raw = json.loads(data)
         if not isinstance(raw, dict):
             raise CheckpointCorruptError("the top level is not a JSON object")
@@ -196,7 +196,7 @@ class CheckpointStore:
                 "move the file aside."
             )
         checkpoint = decode(migrate_v1(raw) if version == 1 else raw)
-        self._last = (data, copy_checkpoint(checkpoint))
+        self._last = (data, checkpoint.copy())
         return checkpoint
 
     def _written_before_boot(self) -> bool:
@@ -211,14 +211,14 @@ class CheckpointStore:
 
     def save(self, checkpoint: Checkpoint) -> None:
         """Atomic replace (see the module docstring for why without fsync)."""
-        data = (json.dumps(encode(checkpoint), separators=(",", ":")) + "\n").encode()
+        data = self._encoder.dumps(checkpoint)
         try:
             write_atomic(self.path, data, mode=0o600)
         except CdiError as exc:
             raise CheckpointError(str(exc)) from exc
         # The next transaction reads these bytes back: it gets a copy of what was
         # saved instead of decoding them (unless another writer changed the file).
-        self._last = (data, copy_checkpoint(checkpoint))
+        self._last = (data, checkpoint.copy())
 
     def remove_temp_files(self, older_than_s: float = 60.0) -> None:
         """Temp files of writes a killed process left (never read: not ``*.json``); only

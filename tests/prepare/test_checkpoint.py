@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -238,25 +239,32 @@ def test_an_unchanged_file_is_not_decoded_again_and_changes_never_leak_into_the_
     node: Node,
 ) -> None:
     """The store reuses the last decoded checkpoint when the bytes read are identical:
-    a caller's changes that were not saved must not show up in the next read, and a
-    rewrite by another process of the same size within the same timestamp tick must."""
+    entries are frozen, and a caller's replacements that were not saved must not show
+    up in the next read, and a rewrite by another process of the same size within the
+    same timestamp tick must."""
     p = node.preparer()
     p.prepare(claim())
     store = CheckpointStore(
         state_dir=node.state_dir, proc_dir=node.host.proc(), logger=logging.getLogger("test")
     )
     with store.transaction() as loaded:
-        entry = loaded.checkpoint.claims[UID]
-        entry.state = "Unpreparing"
-        entry.error = "not saved"
-        entry.devices[0].extra["x"] = 1
-        entry.units.append(Unit("TimeSlicing", ("gpu-0",)))
-        loaded.checkpoint.shared["gpu-0/mps"] = SharedEntry("MPS", "Ready")
-        del loaded.checkpoint.claims[UID]
+        cp = loaded.checkpoint
+        entry = cp.claims[UID]
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            entry.state = "Unpreparing"  # type: ignore[misc]
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            entry.devices[0].device = "gpu-1"  # type: ignore[misc]
+        cp.claims[UID] = dataclasses.replace(
+            entry, state="Unpreparing", error="not saved", units=(Unit("TimeSlicing", ("gpu-0",)),)
+        )
+        cp.shared["gpu-0/mps"] = SharedEntry("MPS", "Ready")
+        cp.extra = {"notSaved": True}
+        del cp.claims[UID]
     with store.transaction() as loaded:
         again = loaded.checkpoint.claims[UID]
         assert (again.state, again.error, again.devices[0].extra) == ("Prepared", "", {})
-        assert again.units == [] and loaded.checkpoint.shared == {}
+        assert again.units == () and loaded.checkpoint.shared == {}
+        assert loaded.checkpoint.extra == {}
     path = node.state_dir / "checkpoint.json"
     stat = path.stat()
     data = path.read_bytes()
@@ -285,10 +293,13 @@ def test_a_save_is_read_back_as_saved_without_decoding_and_later_changes_do_not_
 
     ours = store()
     with ours.transaction() as loaded:
-        entry = loaded.checkpoint.claims[UID]
-        entry.devices[0].extra["fromNewerPlugin"] = {"kept": [1, 2]}
-        ours.save(loaded.checkpoint)
-        entry.error = "changed after the save"
+        cp = loaded.checkpoint
+        entry = cp.claims[UID]
+        device = dataclasses.replace(entry.devices[0], extra={"fromNewerPlugin": {"kept": [1, 2]}})
+        cp.claims[UID] = dataclasses.replace(entry, devices=(device,))
+        ours.save(cp)
+        cp.claims[UID] = dataclasses.replace(entry, error="changed after the save")
+        cp.shared["gpu-0/mps"] = SharedEntry("MPS", "Ready")
     decodes: list[int] = []
     real_decode = statefile.decode
     monkeypatch.setattr(statefile, "decode", lambda raw: decodes.append(1) or real_decode(raw))
@@ -299,5 +310,5 @@ def test_a_save_is_read_back_as_saved_without_decoding_and_later_changes_do_not_
         fresh = loaded.checkpoint
     assert decodes == [1]
     assert cached == fresh
-    assert cached.claims[UID].error == ""
+    assert cached.claims[UID].error == "" and cached.shared == {}
     assert cached.claims[UID].devices[0].extra["fromNewerPlugin"] == {"kept": [1, 2]}
