@@ -31,6 +31,7 @@ the same container would otherwise overwrite the first claim's value.
 
 from __future__ import annotations
 
+import os
 import platform
 import re
 import stat
@@ -61,11 +62,28 @@ _MINOR_LINE = re.compile(r"^DeviceFileMinor:\s*(\d+)\s*$", re.MULTILINE)
 
 def read_majors(host: HostPaths) -> dict[str, int]:
     """Character-device majors by driver name from ``/proc/devices``."""
+    return parse_majors(read_proc_devices(host))
+
+
+def read_proc_devices(host: HostPaths) -> bytes:
+    """``/proc/devices`` as it is now (read on every prepare: a module may load late)."""
     path = host.proc("devices")
     try:
-        text = path.read_text()
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            chunks = []
+            while chunk := os.read(fd, 65536):
+                chunks.append(chunk)
+        finally:
+            os.close(fd)
     except OSError as exc:
         raise CdiError(f"read {path}: {exc.strerror}") from exc
+    return b"".join(chunks)
+
+
+def parse_majors(data: bytes) -> dict[str, int]:
+    """Character-device majors by driver name, from ``/proc/devices``' content."""
+    text = data.decode(errors="replace")
     majors: dict[str, int] = {}
     in_char = False
     for line in text.splitlines():
@@ -108,12 +126,6 @@ class EditsBuilder:
         self._version = driver_version
         self._majors = majors if majors is not None else read_majors(host)
         self._common: ContainerEdits | None = None
-
-    @property
-    def key(self) -> tuple[str, tuple[tuple[str, int], ...]]:
-        """What the cached edits depend on: a new driver or a newly loaded module
-        (``nvidia-uvm`` often registers its major only on first use) invalidates them."""
-        return self._version, tuple(sorted(self._majors.items()))
 
     def _nvidia_major(self) -> int:
         for name in ("nvidia", "nvidia-frontend"):

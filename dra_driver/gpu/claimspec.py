@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from dra_driver.gpu import cdi
-from dra_driver.gpu.cdiedits import EditsBuilder, read_majors
+from dra_driver.gpu.cdiedits import EditsBuilder, parse_majors, read_proc_devices
 from dra_driver.gpu.hostpaths import HostPaths
 from dra_driver.gpu.inventory import Gpu, Inventory, MigInstance
 from dra_driver.gpu.strategies.base import Materializes, SharingStrategy, Target, Unit
@@ -21,23 +21,21 @@ class ClaimSpecs:
         self.kind = kind
         self._host = host
         self._runtime_host = runtime_host
-        self._cache: EditsBuilder | None = None
+        self._cache: tuple[tuple[str, bytes], EditsBuilder] | None = None
 
     def _builder(self, inventory: Inventory) -> EditsBuilder:
-        """Rebuilt when the driver version or the device majors change (a module that
-        loads late, like nvidia-uvm on first CUDA use)."""
-        majors = read_majors(self._host)
-        key = (inventory.driver_version, tuple(sorted(majors.items())))
-        builder = self._cache
-        if builder is None or builder.key != key:
+        """Rebuilt when the driver version or ``/proc/devices`` changes (a module that
+        loads late, like nvidia-uvm on first CUDA use, adds a major)."""
+        key = (inventory.driver_version, read_proc_devices(self._host))
+        if self._cache is None or self._cache[0] != key:
             builder = EditsBuilder(
                 host=self._host,
                 driver_version=inventory.driver_version,
                 runtime_host=self._runtime_host,
-                majors=majors,
+                majors=parse_majors(key[1]),
             )
-            self._cache = builder
-        return builder
+            self._cache = (key, builder)
+        return self._cache[1]
 
     def build(
         self,
