@@ -20,9 +20,9 @@ import os
 import re
 import threading
 import time
-from collections.abc import Iterable, Iterator
-from contextlib import ExitStack, contextmanager
+from collections.abc import Iterable
 from pathlib import Path
+from types import TracebackType
 
 from dra_driver.errors import DriverError
 
@@ -110,39 +110,55 @@ class NodeLocks:
                 lock = self._locks[name] = _Lock(self.path(name))
             return lock
 
-    @contextmanager
-    def hold(self, names: Iterable[str], *, timeout_s: float) -> Iterator[None]:
-        """Hold every lock in ``names`` (sorted, so overlapping sets never deadlock)."""
-        with ExitStack() as stack:
+    def acquire(self, names: Iterable[str], *, timeout_s: float) -> list[_Lock]:
+        """Take every lock in ``names`` (sorted, so overlapping sets never deadlock);
+        give the result to :meth:`release`. Nothing stays held when this raises."""
+        taken: list[_Lock] = []
+        try:
             for name in sorted(set(names)):
                 lock = self._get(name)
                 lock.acquire(name, timeout_s)
-                stack.callback(lock.release)
-            yield
+                taken.append(lock)
+        except BaseException:
+            self.release(taken)
+            raise
+        return taken
 
-    @contextmanager
-    def hold_if_free(self, names: Iterable[str]) -> Iterator[bool]:
-        """Hold every lock in ``names`` if none is held now, without waiting; yields
-        whether it does (then until the block ends; else nothing is held). Safe while
-        holding a lock that holders of these take after them: nothing waits, so no
-        deadlock."""
-        held: list[_Lock] = []
+    def try_acquire(self, names: Iterable[str]) -> list[_Lock] | None:
+        """Take every lock in ``names`` if none is held now, without waiting (None, and
+        nothing held, when one is). Safe while holding a lock that holders of these take
+        after them: nothing waits, so no deadlock."""
+        taken: list[_Lock] = []
         try:
             for name in sorted(set(names)):
                 lock = self._get(name)
                 if not lock.try_acquire():
-                    break
-                held.append(lock)
-            else:
-                yield True
-                return
-            for lock in reversed(held):
-                lock.release()
-            held = []
-            yield False
+                    self.release(taken)
+                    return None
+                taken.append(lock)
+        except BaseException:
+            self.release(taken)
+            raise
+        return taken
+
+    @staticmethod
+    def release(taken: list[_Lock]) -> None:
+        """In reverse order; every one, even when releasing one fails."""
+        try:
+            while taken:
+                taken.pop().release()
         finally:
-            for lock in reversed(held):
+            for lock in reversed(taken):
                 lock.release()
+
+    def hold(self, names: Iterable[str], *, timeout_s: float) -> _Holding:
+        """:meth:`acquire` for a ``with`` block (a class, not a generator: every
+        checkpoint transaction and claim call takes this path)."""
+        return _Holding(self, names, timeout_s)
+
+    def hold_if_free(self, names: Iterable[str]) -> _Holding:
+        """:meth:`try_acquire` for a ``with`` block, which gets whether it holds them."""
+        return _Holding(self, names, None)
 
     def close(self) -> None:
         with self._guard:
@@ -151,3 +167,31 @@ class NodeLocks:
                     os.close(lock._fd)
                     lock._fd = None
             self._locks.clear()
+
+
+class _Holding:
+    """Takes the locks when the ``with`` block starts (without waiting when
+    ``timeout_s`` is None), releases them when it ends."""
+
+    __slots__ = ("_locks", "_names", "_taken", "_timeout_s")
+
+    def __init__(self, locks: NodeLocks, names: Iterable[str], timeout_s: float | None) -> None:
+        self._locks, self._names, self._timeout_s = locks, names, timeout_s
+        self._taken: list[_Lock] | None = None
+
+    def __enter__(self) -> bool:
+        if self._timeout_s is None:
+            self._taken = self._locks.try_acquire(self._names)
+        else:
+            self._taken = self._locks.acquire(self._names, timeout_s=self._timeout_s)
+        return self._taken is not None
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._taken is not None:
+            self._locks.release(self._taken)
+            self._taken = None

@@ -34,7 +34,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -116,17 +116,15 @@ class CheckpointStore:
                     f"create state dir {self._state_dir}: {exc.strerror}"
                 ) from exc
             self._dir_made = True
-        with ExitStack() as stack:
-            try:
-                stack.enter_context(self._locks.hold([LOCK_NAME], timeout_s=self._lock_timeout_s))
-            except LockTimeout as exc:
-                raise CheckpointError(
-                    f"{self._locks.path(LOCK_NAME)}: {exc}; is a second plugin instance stuck?"
-                ) from exc
-            except OSError as exc:
-                raise CheckpointError(
-                    f"lock {self._locks.path(LOCK_NAME)}: {exc.strerror}"
-                ) from exc
+        try:
+            taken = self._locks.acquire([LOCK_NAME], timeout_s=self._lock_timeout_s)
+        except LockTimeout as exc:
+            raise CheckpointError(
+                f"{self._locks.path(LOCK_NAME)}: {exc}; is a second plugin instance stuck?"
+            ) from exc
+        except OSError as exc:
+            raise CheckpointError(f"lock {self._locks.path(LOCK_NAME)}: {exc.strerror}") from exc
+        try:
             try:
                 loaded = self._load()
             except CheckpointError as exc:
@@ -134,6 +132,8 @@ class CheckpointStore:
                 raise
             self._set_problem("")
             yield loaded
+        finally:
+            self._locks.release(taken)
 
     def _load(self) -> Loaded:
         boot_id = self.boot_id()

@@ -1,4 +1,5 @@
-"""NodeLocks.hold_if_free: never waits, takes all or nothing (threads and processes)."""
+"""NodeLocks: hold_if_free never waits and takes all or nothing (threads and processes);
+hold lets go of everything it took when it fails."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ import os
 import threading
 from pathlib import Path
 
-from dra_driver.gpu.locks import NodeLocks
+import pytest
+
+from dra_driver.gpu.locks import LockTimeout, NodeLocks
 
 
 def _free_in_another_thread(locks: NodeLocks, names: list[str]) -> bool:
@@ -66,3 +69,29 @@ def test_a_lock_another_process_holds_is_busy(tmp_path: Path) -> None:
     finally:
         os.close(other)
         locks.close()
+
+
+def test_a_hold_that_times_out_or_a_block_that_raises_leaves_nothing_held(
+    tmp_path: Path,
+) -> None:
+    locks = NodeLocks(tmp_path)
+    busy, done = threading.Event(), threading.Event()
+
+    def holder() -> None:
+        with locks.hold(["gpu-1"], timeout_s=1):
+            busy.set()
+            done.wait(5)
+
+    t = threading.Thread(target=holder)
+    t.start()
+    assert busy.wait(5)
+    # gpu-0 is taken first (sorted), then gpu-1 times out: gpu-0 must be let go.
+    with pytest.raises(LockTimeout, match="gpu-1"), locks.hold(["gpu-1", "gpu-0"], timeout_s=0.1):
+        raise AssertionError("entered without gpu-1")
+    assert _free_in_another_thread(locks, ["gpu-0"])
+    done.set()
+    t.join(5)
+    with pytest.raises(RuntimeError), locks.hold(["gpu-0", "gpu-1"], timeout_s=1):
+        raise RuntimeError("the block failed")
+    assert _free_in_another_thread(locks, ["gpu-0", "gpu-1"])
+    locks.close()
