@@ -396,9 +396,13 @@ def write_atomic(
     except OSError as exc:
         raise CdiError(f"create temp file in {target.parent}: {_reason(exc)}") from exc
     try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            os.fchmod(fh.fileno(), mode)
+        try:  # plain descriptor calls: every prepare and unprepare writes here
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fchmod(fd, mode)
+        finally:
+            os.close(fd)
         if not _exchange(tmp, target):
             # No target yet: a plain rename, nothing to flush. os, not pathlib: every
             # prepare and unprepare writes here, and Path objects cost more than the call.
@@ -407,6 +411,19 @@ def write_atomic(
         _unlink_missing_ok(tmp)
         raise CdiError(f"write {target}: {_reason(exc)}") from exc
     _unlink_missing_ok(tmp)  # the old content, after an exchange
+
+
+def read_whole(path: Path | str) -> bytes:
+    """A small file's bytes with plain descriptor calls (no buffered file object: the
+    checkpoint and ``/proc/devices`` are read on every prepare). Raises OSError."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        chunks = []
+        while chunk := os.read(fd, 1 << 20):
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+    return b"".join(chunks)
 
 
 def _unlink_missing_ok(path: str) -> None:

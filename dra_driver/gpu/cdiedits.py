@@ -31,14 +31,13 @@ the same container would otherwise overwrite the first claim's value.
 
 from __future__ import annotations
 
-import os
 import platform
 import re
 import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from dra_driver.gpu.cdi import CdiError, ContainerEdits, DeviceNode, Mount
+from dra_driver.gpu.cdi import CdiError, ContainerEdits, DeviceNode, Mount, read_whole
 from dra_driver.gpu.hostpaths import BIN_DIRS, LIB_DIRS, HostPaths
 from dra_driver.gpu.inventory import Gpu, MigInstance
 
@@ -69,16 +68,9 @@ def read_proc_devices(host: HostPaths) -> bytes:
     """``/proc/devices`` as it is now (read on every prepare: a module may load late)."""
     path = host.proc("devices")
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            chunks = []
-            while chunk := os.read(fd, 65536):
-                chunks.append(chunk)
-        finally:
-            os.close(fd)
+        return read_whole(path)
     except OSError as exc:
         raise CdiError(f"read {path}: {exc.strerror}") from exc
-    return b"".join(chunks)
 
 
 def parse_majors(data: bytes) -> dict[str, int]:

@@ -38,7 +38,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from dra_driver.gpu.cdi import CdiError, temp_files_for, write_atomic
+from dra_driver.gpu.cdi import CdiError, read_whole, temp_files_for, write_atomic
 from dra_driver.gpu.checkpoint import (
     VERSION,
     Checkpoint,
@@ -138,8 +138,7 @@ class CheckpointStore:
     def _load(self) -> Loaded:
         boot_id = self.boot_id()
         try:
-            with open(self.path, "rb") as fh:
-                data = fh.read()
+            data = read_whole(self.path)
         except FileNotFoundError:
             return Loaded(Checkpoint(boot_id=boot_id))
         except OSError as exc:
