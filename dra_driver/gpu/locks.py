@@ -143,7 +143,7 @@ class NodeLocks:
 
     @staticmethod
     def release(taken: list[_Lock]) -> None:
-        """In reverse order; every one, even when releasing one fails."""
+        """Empties ``taken``, in reverse order; every one, even when releasing one fails."""
         try:
             while taken:
                 taken.pop().release()
