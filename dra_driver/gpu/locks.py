@@ -22,7 +22,6 @@ import threading
 import time
 from collections.abc import Iterable
 from pathlib import Path
-from types import TracebackType
 
 from dra_driver.errors import DriverError
 
@@ -186,12 +185,7 @@ class _Holding:
             self._taken = self._locks.acquire(self._names, timeout_s=self._timeout_s)
         return self._taken is not None
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         if self._taken is not None:
             self._locks.release(self._taken)
             self._taken = None
