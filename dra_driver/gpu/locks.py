@@ -112,26 +112,25 @@ class NodeLocks:
     def acquire(self, names: Iterable[str], *, timeout_s: float) -> list[_Lock]:
         """Take every lock in ``names`` (sorted, so overlapping sets never deadlock);
         give the result to :meth:`release`. Nothing stays held when this raises."""
-        taken: list[_Lock] = []
-        try:
-            for name in sorted(set(names)):
-                lock = self._get(name)
-                lock.acquire(name, timeout_s)
-                taken.append(lock)
-        except BaseException:
-            self.release(taken)
-            raise
+        taken = self._take(names, timeout_s)
+        assert taken is not None  # a waiting take gets every lock or raises
         return taken
 
     def try_acquire(self, names: Iterable[str]) -> list[_Lock] | None:
         """Take every lock in ``names`` if none is held now, without waiting (None, and
         nothing held, when one is). Safe while holding a lock that holders of these take
         after them: nothing waits, so no deadlock."""
+        return self._take(names, None)
+
+    def _take(self, names: Iterable[str], timeout_s: float | None) -> list[_Lock] | None:
+        """Without waiting when ``timeout_s`` is None."""
         taken: list[_Lock] = []
         try:
             for name in sorted(set(names)):
                 lock = self._get(name)
-                if not lock.try_acquire():
+                if timeout_s is not None:
+                    lock.acquire(name, timeout_s)
+                elif not lock.try_acquire():
                     self.release(taken)
                     return None
                 taken.append(lock)
@@ -179,10 +178,7 @@ class _Holding:
         self._taken: list[_Lock] | None = None
 
     def __enter__(self) -> bool:
-        if self._timeout_s is None:
-            self._taken = self._locks.try_acquire(self._names)
-        else:
-            self._taken = self._locks.acquire(self._names, timeout_s=self._timeout_s)
+        self._taken = self._locks._take(self._names, self._timeout_s)
         return self._taken is not None
 
     def __exit__(self, *exc_info: object) -> None:

@@ -125,11 +125,11 @@ class CheckpointStore:
         except OSError as exc:
             raise CheckpointError(f"lock {self._locks.path(LOCK_NAME)}: {exc.strerror}") from exc
         try:
-            try:
-                loaded = self._load()
-            except CheckpointError as exc:
-                self._set_problem(str(exc))
-                raise
+            loaded = self._load()
+        except CheckpointError as exc:
+            self._set_problem(str(exc))
+            raise
+        else:
             self._set_problem("")
             yield loaded
         finally:
