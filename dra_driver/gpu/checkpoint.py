@@ -295,24 +295,13 @@ def _shared_json(s: SharedEntry) -> dict[str, Any]:
     return {**s.extra, "strategy": s.strategy, "state": s.state, "record": dict(s.record)}
 
 
-def encode(cp: Checkpoint) -> dict[str, Any]:
-    """The whole checkpoint as JSON values (what :class:`Encoder` writes, as bytes)."""
-    return {
-        **cp.extra,
-        "version": VERSION,
-        "nodeBootID": cp.boot_id,
-        "claims": {uid: _claim_json(e) for uid, e in cp.claims.items()},
-        "shared": {k: _shared_json(s) for k, s in cp.shared.items()},
-    }
-
-
 def _dumps(value: object) -> str:
     return json.dumps(value, separators=(",", ":"))
 
 
 class Encoder:
-    """The file's bytes (``encode`` as compact JSON), re-encoding only entries it has
-    not written before: an entry is frozen, so the same object has the same JSON.
+    """The file's bytes (the format above, compact JSON), re-encoding only entries it
+    has not written before: an entry is frozen, so the same object has the same JSON.
     Keeps the last call's entries only; one caller at a time (the checkpoint lock)."""
 
     def __init__(self) -> None:

@@ -1,4 +1,4 @@
-"""The checkpoint's incremental encoder writes exactly what a whole-file encode would."""
+"""The checkpoint's incremental encoder writes exactly what one encode of everything would."""
 
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ from dra_driver.gpu.checkpoint import (
     Encoder,
     SharedEntry,
     decode,
-    encode,
 )
 from dra_driver.gpu.strategies.base import Unit
 
@@ -57,7 +56,15 @@ def rich() -> Checkpoint:
 
 
 def whole(cp: Checkpoint) -> bytes:
-    return (json.dumps(encode(cp), separators=(",", ":")) + "\n").encode()
+    """The file as one encode of everything, the reference for the incremental one."""
+    doc = {
+        **cp.extra,
+        "version": 2,
+        "nodeBootID": cp.boot_id,
+        "claims": {uid: checkpoint._claim_json(e) for uid, e in cp.claims.items()},
+        "shared": {k: checkpoint._shared_json(s) for k, s in cp.shared.items()},
+    }
+    return (json.dumps(doc, separators=(",", ":")) + "\n").encode()
 
 
 def test_the_bytes_are_those_of_a_whole_encode_and_decode_back_to_the_same_checkpoint() -> None:
