@@ -7,10 +7,11 @@ instance overlapping in a rolling update exclude each other). The lock is held
 only while the file is read, changed in memory and written; never while a GPU
 tool runs.
 
-Writes are a temp file in the same directory that takes the file's place in
-one step (:func:`~dra_driver.gpu.cdi.write_atomic`, mode 0600): a reader, or a
-process killed mid-write, sees the old or the new file, never a mix. The JSON
-is compact; ``jq . checkpoint.json`` shows it to people.
+Writes go to ``checkpoint.json.spare``, which then takes the file's place in
+one step (:func:`~dra_driver.gpu.cdi.write_via_spare`, mode 0600; the spare
+keeps the previous content and is overwritten by the next write, under the
+lock): a reader, or a process killed mid-write, sees the old or the new file,
+never a mix. The JSON is compact; ``jq . checkpoint.json`` shows it to people.
 
 There is no fsync, on purpose: an fsync protects data against a power loss or
 kernel crash, i.e. a reboot, and everything the file describes
@@ -38,7 +39,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from dra_driver.gpu.cdi import CdiError, read_whole, temp_files_for, write_atomic
+from dra_driver.gpu.cdi import CdiError, read_whole, temp_files_for, write_via_spare
 from dra_driver.gpu.checkpoint import (
     VERSION,
     Checkpoint,
@@ -51,6 +52,8 @@ from dra_driver.gpu.checkpoint import (
 from dra_driver.gpu.locks import LockTimeout, NodeLocks
 
 FILE_NAME = "checkpoint.json"
+SPARE_NAME = "checkpoint.json.spare"
+"""The previous content, overwritten by the next write (see the module docstring)."""
 LOCK_NAME = "checkpoint"
 
 
@@ -74,6 +77,7 @@ class CheckpointStore:
         """``proc_dir`` is the host's procfs (boot ID and uptime). ``on_problem`` is called
         when :attr:`problem` changes (the file became unreadable, or readable again)."""
         self.path = state_dir / FILE_NAME
+        self._spare = state_dir / SPARE_NAME
         self._state_dir = state_dir
         self._dir_made = False
         self._boot_id_path = proc_dir / "sys" / "kernel" / "random" / "boot_id"
@@ -209,10 +213,11 @@ class CheckpointStore:
         return mtime < time.time() - uptime
 
     def save(self, checkpoint: Checkpoint) -> None:
-        """Atomic replace (see the module docstring for why without fsync)."""
+        """Atomic replace, inside :meth:`transaction` only: the lock makes this process
+        the spare's only writer (see the module docstring for why without fsync)."""
         data = self._encoder.dumps(checkpoint)
         try:
-            write_atomic(self.path, data, mode=0o600)
+            write_via_spare(self.path, self._spare, data, mode=0o600)
         except CdiError as exc:
             raise CheckpointError(str(exc)) from exc
         # The next transaction reads these bytes back: it gets a copy of what was

@@ -55,15 +55,77 @@ def test_unknown_fields_from_a_newer_plugin_survive_a_rewrite(node: Node) -> Non
 
 
 def test_file_is_private_and_written_atomically(node: Node) -> None:
-    node.preparer().prepare(claim())
+    p = node.preparer()
+    p.prepare(claim())
+    p.prepare(claim("0a1b2c3d-0000-4000-8000-000000000002", [("gpu", "gpu-1")], name="c2"))
     path = node.state_dir / "checkpoint.json"
     assert path.stat().st_mode & 0o777 == 0o600
     assert sorted(p.name for p in node.state_dir.iterdir()) == [
         "checkpoint.json",
+        "checkpoint.json.spare",  # the previous content (it held state: private too)
         "checkpoint.lock",
         "locks",  # one lock file per GPU
     ]
-    assert [p.name for p in (node.state_dir / "locks").iterdir()] == ["gpu-0.lock"]
+    assert (node.state_dir / "checkpoint.json.spare").stat().st_mode & 0o777 == 0o600
+    assert sorted(f.name for f in (node.state_dir / "locks").iterdir()) == [
+        "gpu-0.lock",
+        "gpu-1.lock",
+    ]
+
+
+def store_of(node: Node) -> CheckpointStore:
+    return CheckpointStore(
+        state_dir=node.state_dir, proc_dir=node.host.proc(), logger=logging.getLogger("test")
+    )
+
+
+def test_writes_reuse_two_inodes_and_keep_the_previous_content_in_the_spare(node: Node) -> None:
+    """No inode is created per write (ext4 made that the costliest part of a save)."""
+    store = store_of(node)
+    seen: set[int] = set()
+    for n in range(5):
+        with store.transaction() as loaded:
+            loaded.checkpoint.shared[f"s{n}"] = SharedEntry("MPS", "Ready", {"gpu": f"GPU-{n}"})
+            store.save(loaded.checkpoint)
+        seen |= {f.stat().st_ino for f in node.state_dir.glob("checkpoint.json*")}
+        assert sorted(read(node)["shared"]) == [f"s{i}" for i in range(n + 1)]
+        if n:  # the spare holds what the file held before this write
+            before = json.loads((node.state_dir / "checkpoint.json.spare").read_text())
+            assert sorted(before["shared"]) == [f"s{i}" for i in range(n)]
+    assert len(seen) == 2
+
+
+def test_a_torn_or_longer_spare_never_reaches_the_file(node: Node) -> None:
+    """A process killed mid-write leaves the spare torn: the file stays whole, and the next
+    write cuts the spare to its own length before it takes the file's place."""
+    store = store_of(node)
+    with store.transaction() as loaded:
+        loaded.checkpoint.shared["s"] = SharedEntry("MPS", "Ready")
+        store.save(loaded.checkpoint)
+    (node.state_dir / "checkpoint.json.spare").write_text('{"version": 2, "claims": {' + "x" * 9000)
+    with store.transaction() as loaded:
+        assert list(loaded.checkpoint.shared) == ["s"]
+        del loaded.checkpoint.shared["s"]
+        store.save(loaded.checkpoint)
+    assert read(node)["shared"] == {}
+    with store_of(node).transaction() as loaded:  # a fresh process decodes the file
+        assert loaded.checkpoint.shared == {}
+
+
+def test_a_spare_that_cannot_be_written_fails_the_save_and_keeps_the_file(node: Node) -> None:
+    store = store_of(node)
+    with store.transaction() as loaded:
+        store.save(loaded.checkpoint)
+    before = (node.state_dir / "checkpoint.json").read_bytes()
+    spare = node.state_dir / "checkpoint.json.spare"
+    spare.unlink(missing_ok=True)
+    spare.symlink_to(node.state_dir / "elsewhere")  # never followed
+    with store.transaction() as loaded:
+        loaded.checkpoint.shared["s"] = SharedEntry("MPS", "Ready")
+        with pytest.raises(CheckpointError, match=r"open .*checkpoint\.json\.spare"):
+            store.save(loaded.checkpoint)
+    assert (node.state_dir / "checkpoint.json").read_bytes() == before
+    assert not (node.state_dir / "elsewhere").exists()
 
 
 @pytest.mark.parametrize(
