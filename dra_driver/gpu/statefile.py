@@ -225,8 +225,9 @@ class CheckpointStore:
         self._last = (data, checkpoint.copy())
 
     def remove_temp_files(self, older_than_s: float = 60.0) -> None:
-        """Temp files of writes a killed process left (never read: not ``*.json``); only
-        old ones, since another plugin instance may be writing one right now."""
+        """Temp files that a killed write of a plugin before the spare file left (never
+        read: not ``*.json``); only old ones, since such an instance may be writing one
+        right now during a rolling update."""
         now = time.time()
         for tmp in temp_files_for(self.path):
             try:
