@@ -374,6 +374,14 @@ def _exchange(tmp: str, target: Path) -> bool:
     raise OSError(err, os.strerror(err), str(target))
 
 
+def _write_all(fd: int, data: bytes) -> None:
+    """Plain descriptor calls, no buffered file object: every prepare and unprepare
+    writes a spec or the checkpoint."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
 def write_atomic(
     target: Path, data: bytes, *, mode: int = SPEC_FILE_MODE, opener: Opener = _default_opener
 ) -> None:
@@ -396,10 +404,8 @@ def write_atomic(
     except OSError as exc:
         raise CdiError(f"create temp file in {target.parent}: {_reason(exc)}") from exc
     try:
-        try:  # plain descriptor calls: every prepare and unprepare writes here
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
+        try:
+            _write_all(fd, data)
             os.fchmod(fd, mode)
         finally:
             os.close(fd)
@@ -433,9 +439,7 @@ def write_via_spare(target: Path, spare: Path, data: bytes, *, mode: int) -> Non
         raise CdiError(f"open {spare}: {_reason(exc)}") from exc
     try:
         try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
+            _write_all(fd, data)
             os.ftruncate(fd, len(data))
             os.fchmod(fd, mode)
         finally:

@@ -116,12 +116,6 @@ class NodeLocks:
         assert taken is not None  # a waiting take gets every lock or raises
         return taken
 
-    def try_acquire(self, names: Iterable[str]) -> list[_Lock] | None:
-        """Take every lock in ``names`` if none is held now, without waiting (None, and
-        nothing held, when one is). Safe while holding a lock that holders of these take
-        after them: nothing waits, so no deadlock."""
-        return self._take(names, None)
-
     def _take(self, names: Iterable[str], timeout_s: float | None) -> list[_Lock] | None:
         """Without waiting when ``timeout_s`` is None."""
         taken: list[_Lock] = []
@@ -155,7 +149,10 @@ class NodeLocks:
         return _Holding(self, names, timeout_s)
 
     def hold_if_free(self, names: Iterable[str]) -> _Holding:
-        """:meth:`try_acquire` for a ``with`` block, which gets whether it holds them."""
+        """Hold every lock in ``names`` for a ``with`` block if none is held now, without
+        waiting; the block gets whether it holds them (if not, nothing is held). Safe
+        while holding a lock that holders of these take after them: nothing waits, so no
+        deadlock."""
         return _Holding(self, names, None)
 
     def close(self) -> None:
