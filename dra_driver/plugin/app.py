@@ -115,6 +115,10 @@ class PluginSettings:
     """gRPC handler threads; each open health stream holds one."""
     api_timeout_s: float = 10.0
     """Per-request API server timeout."""
+    api_connections: int = 4
+    """API requests at once (watches aside), each on its own kept-alive connection; more
+    wait for a free one. A claim GET holds one for about a millisecond, while every
+    connection opened costs a TLS handshake and a socket on the API server."""
     claim_status: bool = True
     """Write our devices into each prepared claim's ``status.devices`` (KEP-4817); needs
     RBAC on ``resourceclaims/status`` and ``resourceclaims/driver`` (deploy/rbac)."""
@@ -208,10 +212,8 @@ class KubeletPlugin:
             rolling_update_uid=settings.rolling_update_uid,
         )
         self._registration = RegistrationState()
-        # Every gRPC worker may GET a claim at once, plus the publisher's two threads,
-        # the cleaner and the claim keeper: size the connection pool so none is thrown away.
         client = self._client = KubeClient(
-            self._config(), timeout_s=s.api_timeout_s, pool_size=s.grpc_workers + 4
+            self._config(), timeout_s=s.api_timeout_s, connections=s.api_connections
         )
         book = self.claims = PreparedClaimBook(
             driver_name=s.driver_name,

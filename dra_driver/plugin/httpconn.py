@@ -12,6 +12,13 @@ Connections are pooled per :class:`HttpPool` (one server); a pooled connection t
 became readable while idle (the server closed it) is dropped before reuse, and an
 idempotent request whose reused connection fails before any answer is sent once more
 on a new one. Timeouts apply to each connect, send and receive.
+
+A pool runs at most ``connections`` whole-answer requests at once (streams aside); more
+wait for a free connection. Each connection costs a TLS handshake (1-2 ms of CPU here,
+under the GIL) and a socket on the API server: a burst of 16 prepares on an uncapped
+pool opened up to 16 of them over its first bursts, where client-go multiplexes one
+HTTP/2 connection, while a claim GET holds its connection for about a millisecond, so
+a few serve a burst as fast (README "Benchmarks").
 """
 
 from __future__ import annotations
@@ -162,10 +169,11 @@ def _keeps_alive(version: str, headers: Mapping[str, str], *, bodyless: bool) ->
 
 class HttpPool:
     """Kept-alive connections to one server (``http(s)://host[:port][/prefix]``);
-    thread-safe, each connection used by one request at a time."""
+    thread-safe, each connection used by one request at a time, at most
+    ``connections`` requests at once."""
 
     def __init__(
-        self, server: str, *, ssl_context: ssl.SSLContext | None, maxsize: int = 16
+        self, server: str, *, ssl_context: ssl.SSLContext | None, connections: int = 4
     ) -> None:
         url = urlsplit(server)
         if url.scheme not in ("http", "https") or not url.hostname:
@@ -179,7 +187,10 @@ class HttpPool:
         host = f"[{self._host}]" if ":" in self._host else self._host
         self._host_header = host if self._port == default else f"{host}:{self._port}"
         self._prefix = url.path.rstrip("/")
-        self._maxsize = maxsize
+        if connections < 1:
+            raise ValueError(f"connections: {connections}; want at least 1")
+        self._maxsize = connections
+        self._slots = threading.BoundedSemaphore(connections)
         self._idle: list[_Conn] = []
         self._lock = threading.Lock()
         self._closed = False
@@ -283,7 +294,22 @@ class HttpPool:
         body: bytes | None = None,
         timeout: float = 10.0,
     ) -> Response:
-        """One request with its whole answer; ``target`` is the path and query."""
+        """One request with its whole answer; ``target`` is the path and query. Waits
+        up to ``timeout`` for a free connection when all are busy."""
+        if not self._slots.acquire(timeout=timeout):
+            raise HttpError(
+                f"{method} {target}: all {self._maxsize} connections to "
+                f"{self._host}:{self._port} stayed busy for {timeout:g} s"
+            )
+        try:
+            return self._request(method, target, headers, body, timeout)
+        finally:
+            self._slots.release()
+
+    def _request(
+        self, method: str, target: str, headers: Mapping[str, str], body: bytes | None,
+        timeout: float,
+    ) -> Response:  # fmt: skip
         conn, version, status, resp_headers = self._send(
             method, target, headers, body, timeout, timeout
         )

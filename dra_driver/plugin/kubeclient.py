@@ -123,10 +123,14 @@ def _load_key_pair(ctx: ssl.SSLContext, cert_pem: str, key_pem: str) -> None:
 class KubeClient:
     """Thread-safe; one pooled connection set shared by all callers."""
 
-    def __init__(self, config: KubeConfig, *, timeout_s: float = 10.0, pool_size: int = 16) -> None:
+    def __init__(
+        self, config: KubeConfig, *, timeout_s: float = 10.0, connections: int = 4
+    ) -> None:
         self._config = config
         self._timeout_s = timeout_s
-        self._pool_size = pool_size
+        if connections < 1:
+            raise ValueError(f"connections: {connections}; want at least 1")
+        self._connections = connections
         self._exec = ExecPlugin(config.exec, config.server, config.ca_pem) if config.exec else None
         self._token_lock = threading.Lock()
         self._token: str | None = config.token
@@ -154,7 +158,7 @@ class KubeClient:
         return pool
 
     def _pool(self) -> HttpPool:
-        return HttpPool(self._config.server, ssl_context=self._ssl, maxsize=self._pool_size)
+        return HttpPool(self._config.server, ssl_context=self._ssl, connections=self._connections)
 
     def _use_cert(self, pems: tuple[str | None, str | None]) -> None:
         """Switch to another client certificate: new connections from now on."""

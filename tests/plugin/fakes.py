@@ -142,6 +142,10 @@ class FakeApiServer:
         self.requests: list[tuple[str, str]] = []
         self.fail_slice_requests = 0
         """Answer this many resourceslice requests with 500 first (API outage)."""
+        self.claim_get_delay_s = 0.0
+        """Hold every claim GET this long (a slow API server)."""
+        self.claim_get_peers: set[tuple[str, int]] = set()
+        """Client addresses, one per connection, that carried a claim GET."""
         self._rv = 1
         self._lock = threading.Lock()
         server = self
@@ -170,6 +174,8 @@ class FakeApiServer:
                 if m := re.fullmatch(
                     r"/apis/resource.k8s.io/v1/namespaces/([^/]+)/resourceclaims/([^/]+)", url.path
                 ):
+                    server.claim_get_peers.add(self.client_address)
+                    time.sleep(server.claim_get_delay_s)
                     obj = server.claims.get((m[1], m[2]))
                     if obj is None:
                         self._send(404, {"kind": "Status", "reason": "NotFound", "message": "nf"})

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from dra_driver.plugin.httpconn import HttpError, HttpPool
+from dra_driver.plugin.kubeclient import KubeClient, KubeConfig
 
 Handler = Callable[[socket.socket, bytes], bool]
 """Gets the connection and one request's head; returns False to close the connection."""
@@ -242,3 +243,137 @@ def test_a_refused_stream_is_read_whole(serve: Serve) -> None:
     _, pool = serve([reply(b'{"reason": "Gone"}', status="410 Gone")])
     stream = pool.stream("/watch", headers={})
     assert (stream.status, stream.body()) == (410, b'{"reason": "Gone"}')
+
+
+class Gated:
+    """A threaded server: every connection served at once; a GET of ``/hold`` is
+    answered only when the gate opens, ``/watch`` starts a stream that never ends, and
+    anything else is answered at once."""
+
+    def __init__(self) -> None:
+        self.gate = threading.Event()
+        self.lock = threading.Lock()
+        self.accepted = 0
+        self.held = 0
+        self.most_held = 0
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            with self.lock:
+                self.accepted += 1
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        with conn:
+            buf = b""
+            while True:
+                while b"\r\n\r\n" not in buf:
+                    data = conn.recv(65536)
+                    if not data:
+                        return
+                    buf += data
+                head, buf = buf.split(b"\r\n\r\n", 1)
+                if b" /watch " in head:
+                    conn.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+                    self.gate.wait(10)
+                    return
+                if b" /hold " in head:
+                    with self.lock:
+                        self.held += 1
+                        self.most_held = max(self.most_held, self.held)
+                    self.gate.wait(10)
+                    with self.lock:
+                        self.held -= 1
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")
+
+    def until(self, check: Callable[[], bool]) -> None:
+        deadline = time.monotonic() + 5
+        while not check():
+            assert time.monotonic() < deadline, "server never got there"
+            time.sleep(0.01)
+
+    def close(self) -> None:
+        self.gate.set()
+        self.sock.close()
+
+
+@pytest.fixture
+def gated() -> Iterator[Gated]:
+    server = Gated()
+    yield server
+    server.close()
+
+
+def test_requests_beyond_the_connection_cap_wait_for_a_free_connection(gated: Gated) -> None:
+    """A burst of claim GETs shares a few connections instead of opening one each (each
+    connection is a TLS handshake and a socket on the API server)."""
+    pool = HttpPool(f"http://127.0.0.1:{gated.port}", ssl_context=None, connections=2)
+    results: list[int] = []
+    threads = [
+        threading.Thread(
+            target=lambda: results.append(pool.request("GET", "/hold", headers={}).status)
+        )
+        for _ in range(6)
+    ]
+    for t in threads:
+        t.start()
+    gated.until(lambda: gated.held == 2)
+    time.sleep(0.2)  # the other four must be waiting, not connecting
+    assert (gated.accepted, gated.held) == (2, 2)
+    gated.gate.set()
+    for t in threads:
+        t.join(5)
+    assert results == [200] * 6
+    assert (gated.accepted, gated.most_held) == (2, 2)
+    pool.close()
+
+
+def test_a_request_that_finds_every_connection_busy_past_its_timeout_fails_and_frees_nothing(
+    gated: Gated,
+) -> None:
+    pool = HttpPool(f"http://127.0.0.1:{gated.port}", ssl_context=None, connections=1)
+    held = threading.Thread(target=lambda: pool.request("GET", "/hold", headers={}))
+    held.start()
+    gated.until(lambda: gated.held == 1)
+    with pytest.raises(
+        HttpError, match=r"GET /x: all 1 connections to 127\.0\.0\.1:\d+ stayed busy for 0\.3 s"
+    ):
+        pool.request("GET", "/x", headers={}, timeout=0.3)
+    gated.gate.set()
+    held.join(5)
+    # the timed-out request took no connection, the finished one gave its back
+    assert pool.request("GET", "/x", headers={}, timeout=1).status == 200
+    assert gated.accepted == 1
+    pool.close()
+
+
+def test_a_failed_request_gives_its_connection_slot_back(serve: Serve) -> None:
+    server, _ = serve([hang_up, reply()])
+    pool = HttpPool(f"http://127.0.0.1:{server.port}", ssl_context=None, connections=1)
+    with pytest.raises(HttpError):
+        pool.request("POST", "/x", headers={}, body=b"{}")
+    assert pool.request("GET", "/x", headers={}, timeout=1).status == 200
+    pool.close()
+
+
+def test_an_open_stream_does_not_take_a_request_connection(gated: Gated) -> None:
+    pool = HttpPool(f"http://127.0.0.1:{gated.port}", ssl_context=None, connections=1)
+    stream = pool.stream("/watch", headers={})
+    assert stream.status == 200
+    assert pool.request("GET", "/x", headers={}, timeout=1).status == 200
+    stream.close()
+    pool.close()
+
+
+def test_a_pool_without_connections_is_refused() -> None:
+    with pytest.raises(ValueError, match="connections: 0; want at least 1"):
+        HttpPool("http://127.0.0.1:1", ssl_context=None, connections=0)
+    with pytest.raises(ValueError, match="connections: 0; want at least 1"):  # not at first use
+        KubeClient(KubeConfig(server="https://127.0.0.1:1", token="t"), connections=0)

@@ -167,6 +167,20 @@ def test_different_claims_run_in_parallel_when_the_backend_allows(
     assert run.backend.max_active_total > 1
 
 
+def test_a_burst_of_prepares_gets_its_claims_over_a_few_api_connections(
+    start_plugin: StartPlugin,
+) -> None:
+    """16 prepares at once share at most ``api_connections`` (4) kept-alive connections
+    for their claim GETs instead of opening one each: every connection is a TLS handshake
+    under the GIL and a socket on the API server (README "Benchmarks")."""
+    run = start_plugin(FakeBackend(supports_parallel_claims=True))
+    run.api.claim_get_delay_s = 0.05
+    uids = [f"55555555-eeee-4000-8000-0000000000{i:02d}" for i in range(16)]
+    results = _concurrent_prepares(run, uids)
+    assert all(r.claims[u].error == "" for r, u in zip(results, uids, strict=True))
+    assert 1 < len(run.api.claim_get_peers) <= 4
+
+
 def test_claims_are_serialised_when_the_backend_does_not_allow_parallelism(
     start_plugin: StartPlugin,
 ) -> None:
