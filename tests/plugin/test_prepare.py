@@ -17,6 +17,7 @@ from dra_driver.plugin._proto import (
     dra_v1beta1_pb2,
     dra_v1beta1_pb2_grpc,
 )
+from dra_driver.plugin.app import start_every_thread
 from dra_driver.plugin.claims import ClaimRef
 from dra_driver.plugin.preparing import ClaimService
 from dra_driver.plugin.sockets import FileLock
@@ -179,6 +180,35 @@ def test_a_burst_of_prepares_gets_its_claims_over_a_few_api_connections(
     results = _concurrent_prepares(run, uids)
     assert all(r.claims[u].error == "" for r, u in zip(results, uids, strict=True))
     assert 1 < len(run.api.claim_get_peers) <= 4
+
+
+def _grpc_threads() -> set[threading.Thread]:
+    return {t for t in threading.enumerate() if t.name.startswith("grpc")}
+
+
+def test_the_first_burst_after_a_start_starts_no_thread(start_plugin: StartPlugin) -> None:
+    """Every gRPC worker runs before the first call: a pool that started one per call
+    put 15 thread starts into the first burst's dispatch (README "Benchmarks")."""
+    before = _grpc_threads()  # other tests' plugins may still be ending theirs
+    run = start_plugin(FakeBackend(delay_s=0.1, supports_parallel_claims=True))
+    ours = _grpc_threads() - before
+    assert len(ours) == run.settings.grpc_workers
+    uids = [f"66666666-ffff-4000-8000-0000000000{i:02d}" for i in range(16)]
+    results = _concurrent_prepares(run, uids)
+    assert all(r.claims[u].error == "" for r, u in zip(results, uids, strict=True))
+    assert run.backend.max_active_total > 8  # the started threads do serve calls at once
+    assert _grpc_threads() - before == ours
+
+
+def test_start_every_thread_leaves_every_thread_idle() -> None:
+    with ThreadPoolExecutor(6, thread_name_prefix="every-thread-test") as pool:
+        start_every_thread(pool, 6)
+        names = [t.name for t in threading.enumerate() if t.name.startswith("every-thread-test")]
+        assert len(names) == 6
+        together = threading.Barrier(6)  # six tasks at once need six idle threads
+        assert all(
+            f.result(5) is not None for f in [pool.submit(together.wait, 5) for _ in range(6)]
+        )
 
 
 def test_claims_are_serialised_when_the_backend_does_not_allow_parallelism(
