@@ -258,7 +258,8 @@ class KubeletPlugin:
         self._hub = HealthHub(
             source=self._device_health, interval_s=s.health_interval_s, logger=logger
         )
-        self._server = self._grpc_server()
+        self._workers = ThreadPoolExecutor(max_workers=s.grpc_workers, thread_name_prefix="grpc")
+        self._server = self._grpc_server(self._workers)
         self._publisher = SlicePublisher(
             client=client,
             driver_name=s.driver_name,
@@ -293,10 +294,9 @@ class KubeletPlugin:
         pool = self.settings.node_name
         return [DeviceHealth(pool, d.name, "Healthy") for d in self._backend.pool().devices]
 
-    def _grpc_server(self) -> Any:
+    def _grpc_server(self, workers: ThreadPoolExecutor) -> Any:
         s = self.settings
-        self._workers = ThreadPoolExecutor(max_workers=s.grpc_workers, thread_name_prefix="grpc")
-        server = grpc.server(self._workers)
+        server = grpc.server(workers)
         add_node_services(server, self._service)
         if s.serve_health:
             add_health_services(server, self._hub)
