@@ -13,12 +13,15 @@ became readable while idle (the server closed it) is dropped before reuse, and a
 idempotent request whose reused connection fails before any answer is sent once more
 on a new one. Timeouts apply to each connect, send and receive.
 
-A pool runs at most ``connections`` whole-answer requests at once (streams aside); more
-wait for a free connection. Each connection costs a TLS handshake (1-2 ms of CPU here,
-under the GIL) and a socket on the API server: a burst of 16 prepares on an uncapped
-pool opened up to 16 of them over its first bursts, where client-go multiplexes one
-HTTP/2 connection, while a claim GET holds its connection for about a millisecond, so
-a few serve a burst as fast (README "Benchmarks").
+A pool runs ``connections`` whole-answer requests at once (streams aside); more wait
+for a free connection, up to ``overflow_after_s``, and then go ahead on a connection of
+their own (no more than ``connections`` are kept idle). Each connection costs a TLS
+handshake (1-2 ms of CPU here, under the GIL) and a socket on the API server: a burst of
+16 prepares on an uncapped pool opened up to 16 of them over its first bursts, where
+client-go multiplexes one HTTP/2 connection, while a claim GET holds its connection for
+about a millisecond, so two serve a burst as fast (README "Benchmarks"). The overflow
+keeps a slow server's latency from queueing up into timeouts: requests then run side by
+side as before.
 """
 
 from __future__ import annotations
@@ -169,11 +172,16 @@ def _keeps_alive(version: str, headers: Mapping[str, str], *, bodyless: bool) ->
 
 class HttpPool:
     """Kept-alive connections to one server (``http(s)://host[:port][/prefix]``);
-    thread-safe, each connection used by one request at a time, at most
-    ``connections`` requests at once."""
+    thread-safe, each connection used by one request at a time, ``connections``
+    requests at once unless one waited ``overflow_after_s`` for its turn."""
 
     def __init__(
-        self, server: str, *, ssl_context: ssl.SSLContext | None, connections: int = 4
+        self,
+        server: str,
+        *,
+        ssl_context: ssl.SSLContext | None,
+        connections: int = 2,
+        overflow_after_s: float = 0.25,
     ) -> None:
         url = urlsplit(server)
         if url.scheme not in ("http", "https") or not url.hostname:
@@ -191,6 +199,7 @@ class HttpPool:
             raise ValueError(f"connections: {connections}; want at least 1")
         self._maxsize = connections
         self._slots = threading.BoundedSemaphore(connections)
+        self._overflow_after_s = overflow_after_s
         self._idle: list[_Conn] = []
         self._lock = threading.Lock()
         self._closed = False
@@ -294,13 +303,11 @@ class HttpPool:
         body: bytes | None = None,
         timeout: float = 10.0,
     ) -> Response:
-        """One request with its whole answer; ``target`` is the path and query. Waits
-        up to ``timeout`` for a free connection when all are busy."""
-        if not self._slots.acquire(timeout=timeout):
-            raise HttpError(
-                f"{method} {target}: all {self._maxsize} connections to "
-                f"{self._host}:{self._port} stayed busy for {timeout:g} s"
-            )
+        """One request with its whole answer; ``target`` is the path and query."""
+        if not self._slots.acquire(timeout=self._overflow_after_s):
+            # Every connection stayed busy: a slow server. One more connection, which
+            # _checkin closes again (no more than ``connections`` are kept idle).
+            return self._request(method, target, headers, body, timeout)
         try:
             return self._request(method, target, headers, body, timeout)
         finally:

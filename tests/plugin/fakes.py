@@ -152,6 +152,9 @@ class FakeApiServer:
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            # Headers and body go out as two writes: with Nagle on, the body waits for
+            # the client's delayed ACK (40 ms), which no real API server adds.
+            disable_nagle_algorithm = True
 
             def log_message(self, *args: Any) -> None:
                 pass
