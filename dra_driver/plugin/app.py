@@ -117,7 +117,7 @@ class PluginSettings:
     """gRPC handler threads; each open health stream holds one."""
     api_timeout_s: float = 10.0
     """Per-request API server timeout."""
-    api_connections: int = 2
+    api_connections: int = 4
     """API requests at once (watches aside), each on its own kept-alive connection; more
     wait for a free one (a request that waited 0.25 s goes ahead on a connection of its
     own). A claim GET holds one for about a millisecond, while every connection opened

@@ -19,7 +19,7 @@ their own (no more than ``connections`` are kept idle). Each connection costs a 
 handshake (1-2 ms of CPU here, under the GIL) and a socket on the API server: a burst of
 16 prepares on an uncapped pool opened up to 16 of them over its first bursts, where
 client-go multiplexes one HTTP/2 connection, while a claim GET holds its connection for
-about a millisecond, so two serve a burst as fast (README "Benchmarks"). The overflow
+about a millisecond, so four serve a burst as fast (README "Benchmarks"). The overflow
 keeps a slow server's latency from queueing up into timeouts: requests then run side by
 side as before.
 """
@@ -180,7 +180,7 @@ class HttpPool:
         server: str,
         *,
         ssl_context: ssl.SSLContext | None,
-        connections: int = 2,
+        connections: int = 4,
         overflow_after_s: float = 0.25,
     ) -> None:
         url = urlsplit(server)

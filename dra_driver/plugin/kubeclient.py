@@ -124,7 +124,7 @@ class KubeClient:
     """Thread-safe; one pooled connection set shared by all callers."""
 
     def __init__(
-        self, config: KubeConfig, *, timeout_s: float = 10.0, connections: int = 2
+        self, config: KubeConfig, *, timeout_s: float = 10.0, connections: int = 4
     ) -> None:
         self._config = config
         self._timeout_s = timeout_s

@@ -132,6 +132,12 @@ def claim_object(
     return obj
 
 
+class _Listener(ThreadingHTTPServer):
+    # socketserver listens with a backlog of 5: a burst of new connections beyond it
+    # lost SYNs to a 1 s retransmit, which no real API server's backlog does.
+    request_queue_size = 128
+
+
 class FakeApiServer:
     """Claims, nodes and a naive slice store over plain HTTP on 127.0.0.1."""
 
@@ -229,7 +235,7 @@ class FakeApiServer:
                     server.slices.pop(name, None)
                 self._send(200, {"kind": "Status", "status": "Success"})
 
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._httpd = _Listener(("127.0.0.1", 0), Handler)
         self._httpd.daemon_threads = True
         self._thread = threading.Thread(
             target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True

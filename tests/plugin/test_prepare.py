@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -171,16 +172,32 @@ def test_different_claims_run_in_parallel_when_the_backend_allows(
 def test_a_burst_of_prepares_gets_its_claims_over_a_few_api_connections(
     start_plugin: StartPlugin,
 ) -> None:
-    """16 prepares at once share ``api_connections`` (2) kept-alive connections for their
+    """16 prepares at once share ``api_connections`` (4) kept-alive connections for their
     claim GETs instead of opening one each: every connection is a TLS handshake under the
     GIL and a socket on the API server (README "Benchmarks"). A GET waits its turn here
-    (8 rounds of 10 ms), well under the 0.25 s after which it would open its own."""
+    (4 rounds of 10 ms), well under the 0.25 s after which it would open its own."""
     run = start_plugin(FakeBackend(supports_parallel_claims=True))
     run.api.claim_get_delay_s = 0.01
     uids = [f"55555555-eeee-4000-8000-0000000000{i:02d}" for i in range(16)]
     results = _concurrent_prepares(run, uids)
     assert all(r.claims[u].error == "" for r, u in zip(results, uids, strict=True))
-    assert len(run.api.claim_get_peers) == 2
+    assert len(run.api.claim_get_peers) == run.settings.api_connections == 4
+
+
+def test_a_slow_api_server_does_not_queue_a_burst_into_timeouts(
+    start_plugin: StartPlugin,
+) -> None:
+    """With every connection busy for 1.5 s, a GET that waited 0.25 s opens its own: 16
+    prepares finish in 0.25 s + one GET time (1.75 s) instead of four rounds of GETs (6 s;
+    on a slower server, the request timeout)."""
+    run = start_plugin(FakeBackend(supports_parallel_claims=True))
+    run.api.claim_get_delay_s = 1.5
+    uids = [f"77777777-aaaa-4000-8000-0000000000{i:02d}" for i in range(16)]
+    started = time.monotonic()
+    results = _concurrent_prepares(run, uids)
+    assert all(r.claims[u].error == "" for r, u in zip(results, uids, strict=True))
+    assert time.monotonic() - started < 3.5
+    assert len(run.api.claim_get_peers) > run.settings.api_connections
 
 
 def _grpc_threads() -> set[threading.Thread]:
