@@ -304,14 +304,14 @@ class HttpPool:
         timeout: float = 10.0,
     ) -> Response:
         """One request with its whole answer; ``target`` is the path and query."""
-        if not self._slots.acquire(timeout=self._overflow_after_s):
-            # Every connection stayed busy: a slow server. One more connection, which
-            # _checkin closes again (no more than ``connections`` are kept idle).
-            return self._request(method, target, headers, body, timeout)
+        # Without a slot (every connection stayed busy: a slow server) the request goes
+        # ahead on one more connection, which _checkin closes again.
+        slot = self._slots.acquire(timeout=self._overflow_after_s)
         try:
             return self._request(method, target, headers, body, timeout)
         finally:
-            self._slots.release()
+            if slot:
+                self._slots.release()
 
     def _request(
         self, method: str, target: str, headers: Mapping[str, str], body: bytes | None,
