@@ -172,6 +172,7 @@ def test_every_long_flag_has_one_env_variable_named_in_its_help() -> None:
 
 def test_env_variables_set_defaults_and_flags_win() -> None:
     from dra_driver.cli import _load_commands, build_parser
+    from dra_driver.settings import daemon_settings
 
     environ = {
         "DRA_NODE_NAME": "node-7",  # satisfies the required flag
@@ -180,8 +181,13 @@ def test_env_variables_set_defaults_and_flags_win() -> None:
         "DRA_HEALTH_PORT": "8080",
         "DRA_LOG_LEVEL": "debug",
         "DRA_ROLLING_UPDATE_UID": "",  # empty: unset, as a DaemonSet may render it
+        "DRA_API_HTTP2": "false",
     }
     parser = build_parser(_load_commands(), environ=environ)
+    args = parser.parse_args(["kubelet-plugin"])
+    assert daemon_settings(args).plugin.api_http2 is False
+    args = parser.parse_args(["kubelet-plugin", "--api-http2=true"])
+    assert daemon_settings(args).plugin.api_http2 is True
     args = parser.parse_args(["kubelet-plugin"])
     assert (args.node_name, str(args.cdi_dir), args.taint_degraded) == (
         "node-7",

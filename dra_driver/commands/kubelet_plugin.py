@@ -153,6 +153,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(default %(default)g)",
     )
     parser.add_argument(
+        "--api-http2",
+        type=observability.boolean,
+        default="true",
+        help="GETs to the API server over one HTTP/2 connection when the server offers "
+        "it (as client-go); false: HTTP/1.1 only (default %(default)s)",
+    )
+    parser.add_argument(
         "--nvidia-smi",
         type=Path,
         default=None,

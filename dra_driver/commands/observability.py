@@ -15,7 +15,7 @@ from dra_driver.gpu.healthpolicy import DEFAULT_IGNORED_XIDS, HealthPolicy
 _DEFAULT_IGNORED = ",".join(map(str, sorted(DEFAULT_IGNORED_XIDS)))
 
 
-def _bool(text: str) -> bool:
+def boolean(text: str) -> bool:
     value = text.strip().lower()
     if value in ("1", "true", "yes", "on"):
         return True
@@ -56,7 +56,7 @@ def _xids(text: str) -> frozenset[int]:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("health, metrics and claim status")
     group.add_argument(
-        "--health-monitor", type=_bool, default="true",
+        "--health-monitor", type=boolean, default="true",
         help="watch GPUs through NVML events and checks and taint faulty devices "
         "(default %(default)s)",
     )  # fmt: skip
@@ -88,7 +88,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "DRAListTypeAttributes gate) (default %(default)s)",
     )  # fmt: skip
     group.add_argument(
-        "--metrics", type=_bool, default="true",
+        "--metrics", type=boolean, default="true",
         help="serve Prometheus /metrics on the health port (default %(default)s)",
     )  # fmt: skip
     group.add_argument(
@@ -97,7 +97,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(default %(default)s)",
     )  # fmt: skip
     group.add_argument(
-        "--claim-status", type=_bool, default="true",
+        "--claim-status", type=boolean, default="true",
         help="write our devices into ResourceClaim status.devices (KEP-4817) "
         "(default %(default)s)",
     )  # fmt: skip

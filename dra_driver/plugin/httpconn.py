@@ -32,39 +32,37 @@ import ssl
 import threading
 import weakref
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
 from typing import BinaryIO
 from urllib.parse import urlsplit
+
+from dra_driver.plugin.http2 import Busy, H2Connection, Unsent
+from dra_driver.plugin.httptypes import HttpError, Response
+
+__all__ = ["HttpError", "HttpPool", "Response", "Stream"]
 
 MAX_LINE = 65536
 MAX_HEADERS = 200
 IDEMPOTENT = frozenset({"GET", "HEAD", "PUT", "DELETE"})
 
 
-class HttpError(Exception):
-    """Transport failure: connect, TLS, timeout, a closed or malformed answer."""
-
-
 class _Stale(HttpError):
     """A reused connection failed before any answer: safe to send again."""
 
 
-@dataclass(frozen=True)
-class Response:
-    status: int
-    headers: Mapping[str, str]
-    """Lower-case names; repeated headers joined with ``, ``."""
-    body: bytes
-
-
 class _Conn:
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: socket.socket, *, unused: bool = False) -> None:
         self.sock = sock
         self.rfile: BinaryIO = sock.makefile("rb")
+        self.unused = unused
 
     def idle_ok(self) -> bool:
         """An idle keep-alive connection has nothing to read; if it has, the server
-        closed it (or broke the protocol): not reusable."""
+        closed it (or broke the protocol): not reusable. A connection not used yet is:
+        what a TLS 1.3 server sends after the handshake (session tickets) is read with
+        the first answer."""
+        if self.unused:
+            self.unused = False
+            return True
         if isinstance(self.sock, ssl.SSLSocket) and self.sock.pending():
             return False
         try:
@@ -157,9 +155,11 @@ def _body(f: BinaryIO, headers: Mapping[str, str]) -> Iterator[bytes]:
             yield data
 
 
-def _close_all(conns: list[_Conn]) -> None:
+def _close_all(conns: list[_Conn], h2: list[H2Connection]) -> None:
     for conn in conns:
         conn.close()
+    for h2conn in h2:
+        h2conn.close()
 
 
 def _keeps_alive(version: str, headers: Mapping[str, str], *, bodyless: bool) -> bool:
@@ -182,6 +182,7 @@ class HttpPool:
         ssl_context: ssl.SSLContext | None,
         connections: int = 4,
         overflow_after_s: float = 0.25,
+        http2_ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         url = urlsplit(server)
         if url.scheme not in ("http", "https") or not url.hostname:
@@ -203,24 +204,68 @@ class HttpPool:
         self._idle: list[_Conn] = []
         self._lock = threading.Lock()
         self._closed = False
-        # A pool dropped without close() still closes its idle sockets.
-        weakref.finalize(self, _close_all, self._idle)
+        self._h2_tls = http2_ssl_context if url.scheme == "https" else None
+        self._h2: list[H2Connection] = []  # the current one last; older ones retired
+        self._h2_lock = threading.Lock()  # one HTTP/2 connect at a time
+        # A pool dropped without close() still closes its sockets.
+        weakref.finalize(self, _close_all, self._idle, self._h2)
 
     # -- connections ---------------------------------------------------------
 
-    def _connect(self, timeout: float) -> _Conn:
+    def _socket(self, timeout: float, tls: ssl.SSLContext | None) -> socket.socket:
         try:
             sock = socket.create_connection((self._host, self._port), timeout=timeout)
         except OSError as exc:
             raise HttpError(f"connect to {self._host}:{self._port}: {exc}") from exc
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            if self._tls is not None:
-                sock = self._tls.wrap_socket(sock, server_hostname=self._host)
+            if tls is not None:
+                sock = tls.wrap_socket(sock, server_hostname=self._host)
         except (OSError, ssl.SSLError) as exc:
             sock.close()
             raise HttpError(f"TLS with {self._host}:{self._port}: {exc}") from exc
-        return _Conn(sock)
+        return sock
+
+    def _connect(self, timeout: float) -> _Conn:
+        return _Conn(self._socket(timeout, self._tls))
+
+    def _http2(self, timeout: float) -> H2Connection | None:
+        """The HTTP/2 connection, opened if needed; None once the server chose HTTP/1.1."""
+        current = self._h2[-1] if self._h2 else None
+        if current is not None and current.accepting:
+            return current
+        with self._h2_lock:
+            with self._lock:
+                if self._h2_tls is None or self._closed:
+                    return None
+                self._h2[:] = [c for c in self._h2 if not c.closed]
+                current = self._h2[-1] if self._h2 else None
+                if current is not None and current.accepting:
+                    return current
+            if current is not None:
+                current.retire()  # told to go away, or out of stream ids
+            sock = self._socket(timeout, self._h2_tls)
+            if not isinstance(sock, ssl.SSLSocket) or sock.selected_alpn_protocol() != "h2":
+                with self._lock:
+                    self._h2_tls = None
+                self._checkin(_Conn(sock, unused=True))  # it speaks HTTP/1.1: use it so
+                return None
+            try:
+                conn = H2Connection(sock, self._host_header, timeout=timeout)
+            except (OSError, ssl.SSLError) as exc:
+                sock.close()
+                raise HttpError(f"HTTP/2 preface to {self._host}:{self._port}: {exc}") from exc
+            if self._keep_http2(conn):
+                return conn
+            conn.close()  # the pool closed meanwhile
+            return None
+
+    def _keep_http2(self, conn: H2Connection) -> bool:
+        with self._lock:
+            if self._closed:
+                return False
+            self._h2.append(conn)
+            return True
 
     def _checkout(self, timeout: float) -> tuple[_Conn, bool]:
         """A connection, and whether it was reused from the pool."""
@@ -240,11 +285,14 @@ class HttpPool:
         conn.close()
 
     def clear(self) -> None:
-        """Close idle connections; connections in use close when their request ends."""
+        """Close idle connections; connections in use close when their requests end."""
         with self._lock:
             idle = self._idle[:]
             self._idle.clear()
-        _close_all(idle)
+            h2 = self._h2[:]
+        _close_all(idle, [])
+        for conn in h2:
+            conn.retire()
 
     def close(self) -> None:
         with self._lock:
@@ -304,6 +352,10 @@ class HttpPool:
         timeout: float = 10.0,
     ) -> Response:
         """One request with its whole answer; ``target`` is the path and query."""
+        if body is None and method == "GET" and self._h2_tls is not None:
+            answer = self._request_http2(target, headers, timeout)
+            if answer is not None:
+                return answer
         # Without a slot (every connection stayed busy: a slow server) the request goes
         # ahead on one more connection, which _checkin closes again.
         slot = self._slots.acquire(timeout=self._overflow_after_s)
@@ -312,6 +364,25 @@ class HttpPool:
         finally:
             if slot:
                 self._slots.release()
+
+    def _request_http2(
+        self, target: str, headers: Mapping[str, str], timeout: float
+    ) -> Response | None:
+        """The answer over HTTP/2, or None where HTTP/1.1 must serve it."""
+        for attempt in (0, 1):
+            conn = self._http2(timeout)
+            if conn is None:
+                return None
+            try:
+                return conn.request("GET", target, headers, timeout)
+            except Busy:
+                return None
+            except Unsent as exc:
+                if attempt:
+                    raise HttpError(f"GET {target}: {exc}") from exc
+            except HttpError as exc:
+                raise HttpError(f"GET {target}: {exc}") from exc
+        raise AssertionError("unreachable")
 
     def _request(
         self, method: str, target: str, headers: Mapping[str, str], body: bytes | None,

@@ -88,7 +88,11 @@ class ConflictError(KubeApiError):
     pass
 
 
-def _ssl_context(config: KubeConfig, cert_pem: str | None, key_pem: str | None) -> ssl.SSLContext:
+def _ssl_context(
+    config: KubeConfig, cert_pem: str | None, key_pem: str | None, *, http2: bool = False
+) -> ssl.SSLContext:
+    """``http2``: offer ``h2`` by ALPN (a context without ALPN gets HTTP/1.1 from any
+    server; ALPN is set per context, so each protocol needs its own)."""
     ctx = (
         ssl.create_default_context(cadata=config.ca_pem)
         if config.ca_pem
@@ -99,6 +103,8 @@ def _ssl_context(config: KubeConfig, cert_pem: str | None, key_pem: str | None) 
         ctx.verify_mode = ssl.CERT_NONE
     if cert_pem and key_pem:
         _load_key_pair(ctx, cert_pem, key_pem)
+    if http2:
+        ctx.set_alpn_protocols(["h2", "http/1.1"])
     return ctx
 
 
@@ -124,9 +130,15 @@ class KubeClient:
     """Thread-safe; one pooled connection set shared by all callers."""
 
     def __init__(
-        self, config: KubeConfig, *, timeout_s: float = 10.0, connections: int = 4
+        self,
+        config: KubeConfig,
+        *,
+        timeout_s: float = 10.0,
+        connections: int = 4,
+        http2: bool = True,
     ) -> None:
         self._config = config
+        self._http2 = http2
         self._timeout_s = timeout_s
         if connections < 1:
             raise ValueError(f"connections: {connections}; want at least 1")
@@ -144,6 +156,7 @@ class KubeClient:
             if cred.cert_pem:
                 self._cert_pems = (cred.cert_pem, cred.key_pem)
         self._ssl = _ssl_context(config, *self._cert_pems)  # bad TLS material fails here
+        self._ssl_h2 = _ssl_context(config, *self._cert_pems, http2=True) if http2 else None
         self._pool_now: HttpPool | None = None
 
     @property
@@ -158,7 +171,12 @@ class KubeClient:
         return pool
 
     def _pool(self) -> HttpPool:
-        return HttpPool(self._config.server, ssl_context=self._ssl, connections=self._connections)
+        return HttpPool(
+            self._config.server,
+            ssl_context=self._ssl,
+            connections=self._connections,
+            http2_ssl_context=self._ssl_h2,
+        )
 
     def _use_cert(self, pems: tuple[str | None, str | None]) -> None:
         """Switch to another client certificate: new connections from now on."""
@@ -167,6 +185,8 @@ class KubeClient:
                 return
             self._cert_pems = pems
             self._ssl = _ssl_context(self._config, *pems)
+            if self._http2:
+                self._ssl_h2 = _ssl_context(self._config, *pems, http2=True)
             old, self._pool_now = self._pool_now, self._pool()
         if old is not None:
             old.close()

@@ -22,15 +22,15 @@ def test_plugin_entry_point_does_not_import_kubernetes_client_models() -> None:
 
 
 def test_the_api_client_loads_no_http_library_and_yaml_only_when_needed() -> None:
-    """The API client's transport is our own (``httpconn``: sockets and ssl, which grpc
-    loads anyway): neither building a client nor a request imports urllib3, http.client
-    or the email package (README "Benchmarks": CPU per claim GET, resident memory), and
-    yaml loads for kubeconfig files only."""
+    """The API client's transport is our own (``httpconn`` and ``http2``: sockets and
+    ssl, which grpc loads anyway): neither building a client nor a request imports
+    urllib3, http.client, h2 or the email package (README "Benchmarks": CPU per claim
+    GET, resident memory), and yaml loads for kubeconfig files only."""
     code = (
         "import sys, json, dra_driver.plugin.app, dra_driver.daemon\n"
         "from dra_driver.plugin.kubeclient import KubeClient, KubeConfig\n"
         "c = KubeClient(KubeConfig(server='https://127.0.0.1:1', token='t'))\n"
-        "heavy = ('urllib3', 'yaml', 'email', 'http')\n"
+        "heavy = ('urllib3', 'yaml', 'email', 'http', 'h2', 'hpack', 'hyperframe')\n"
         "before = sorted(m for m in sys.modules if m.split('.')[0] in heavy)\n"
         "try:\n"
         "    c.get_node('n')\n"

@@ -1,13 +1,17 @@
-"""The plugin's API client against the real apiserver: exec credential plugins
-(token fetched again when the server refuses it) and client certificates that
-rotate on disk (new connections use the new identity)."""
+"""The plugin's API client against the real apiserver: GETs multiplexed on one HTTP/2
+connection, exec credential plugins (token fetched again when the server refuses it)
+and client certificates that rotate on disk (new connections use the new identity)."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 import yaml
@@ -36,6 +40,53 @@ def kubeconfig(path: Path, cluster: Cluster, user: dict[str, object]) -> Path:
         "users": [{"name": "u", "user": user}],
     }))  # fmt: skip
     return path
+
+
+def connections_to(port: int) -> int:
+    """This process's established TCP connections to ``port`` (the kernel's view)."""
+    inodes = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            link = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            inodes.add(link[len("socket:[") : -1])
+    count = 0
+    for table in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            f = line.split()
+            remote_port = int(f[2].rsplit(":", 1)[1], 16)
+            count += f[3] == "01" and remote_port == port and f[9] in inodes
+    return count
+
+
+def test_a_burst_of_gets_shares_one_http2_connection(cluster: Cluster) -> None:
+    """As client-go does: 16 GETs at once on one connection (ALPN chose h2; the API
+    server spends about half the CPU on them, README "Benchmarks"); a write goes over
+    HTTP/1.1 on a second one; closing the client closes both."""
+    port = urlsplit(cluster.server).port or 443
+    before = connections_to(port)
+    client = KubeClient(load_kubeconfig(cluster.kubeconfig))
+    path = "/api/v1/namespaces/default"
+    with ThreadPoolExecutor(16) as ex:
+        names = list(ex.map(lambda _: client.request("GET", path)["metadata"]["name"], range(16)))
+    assert names == ["default"] * 16
+    assert connections_to(port) - before == 1
+    assert whoami(client) == "dra-driver-admin"  # a POST
+    assert connections_to(port) - before == 2
+    client.close()
+    deadline = time.monotonic() + 5
+    while connections_to(port) > before and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert connections_to(port) == before
+    # --api-http2=false: the same burst over the HTTP/1.1 pool (up to 4 connections).
+    client = KubeClient(load_kubeconfig(cluster.kubeconfig), http2=False)
+    with ThreadPoolExecutor(16) as ex:
+        names = list(ex.map(lambda _: client.request("GET", path)["metadata"]["name"], range(16)))
+    assert names == ["default"] * 16
+    assert 1 < connections_to(port) - before <= 4
+    client.close()
 
 
 def test_exec_plugin_token_is_fetched_again_after_a_401(cluster: Cluster, tmp_path: Path) -> None:
