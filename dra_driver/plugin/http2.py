@@ -183,7 +183,7 @@ class H2Connection:
     ) -> Response:
         block = self._header_block(method, target, headers)
         if len(block) > MAX_FRAME:
-            raise HttpError(f"{method} {target}: request headers over {MAX_FRAME} bytes")
+            raise HttpError(f"request headers over {MAX_FRAME} bytes")
         stream = _Stream()
         with self._lock:
             if not self.accepting:
@@ -206,7 +206,7 @@ class H2Connection:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 self._cancel(sid)
-                raise HttpError(f"{method} {target}: no answer within {timeout:g} s")
+                raise HttpError(f"no answer within {timeout:g} s")
             if self._lead():
                 try:
                     self._read_until(stream, deadline, sent_at)
