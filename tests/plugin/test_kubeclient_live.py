@@ -62,9 +62,9 @@ def connections_to(port: int) -> int:
 
 
 def test_a_burst_of_gets_shares_one_http2_connection(cluster: Cluster) -> None:
-    """As client-go does: 16 GETs at once on one connection (ALPN chose h2; the API
-    server spends about half the CPU on them, README "Benchmarks"); a write goes over
-    HTTP/1.1 on a second one; closing the client closes both."""
+    """As client-go does: 16 GETs at once on one connection (ALPN chose h2; the control
+    plane spends less CPU on them, README "Benchmarks"); a write goes over HTTP/1.1 on
+    a second one; closing the client closes both; with HTTP/2 off, the HTTP/1.1 pool."""
     port = urlsplit(cluster.server).port or 443
     before = connections_to(port)
     client = KubeClient(load_kubeconfig(cluster.kubeconfig))
