@@ -122,10 +122,12 @@ class PluginSettings:
     wait for a free one (a request that waited 0.25 s goes ahead on a connection of its
     own). A claim GET holds one for about a millisecond, while every connection opened
     costs a TLS handshake under the GIL and a socket on the API server."""
-    api_http2: bool = True
+    api_http2: bool = False
     """GETs over one HTTP/2 connection where the server offers ``h2`` (ALPN): the API
     server spends less CPU on them and holds one socket for this node's GETs instead of
-    up to ``api_connections``; writes and watches stay on HTTP/1.1."""
+    up to ``api_connections``; writes and watches stay on HTTP/1.1. Off by default until
+    the plugin's RSS is flat with it (README "Benchmarks": +1.4-2 MB over 10,000
+    prepare+unprepare cycles, against flat over HTTP/1.1)."""
     claim_status: bool = True
     """Write our devices into each prepared claim's ``status.devices`` (KEP-4817); needs
     RBAC on ``resourceclaims/status`` and ``resourceclaims/driver`` (deploy/rbac)."""

@@ -357,7 +357,7 @@ class H2Connection:
             if self._closed:
                 return b""
             try:
-                return self._sock.recv(262144)
+                return self._sock.recv(16384)
             except (ssl.SSLWantReadError, ssl.SSLWantWriteError, BlockingIOError):
                 return None  # part of a TLS record
 

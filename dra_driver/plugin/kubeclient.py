@@ -135,7 +135,7 @@ class KubeClient:
         *,
         timeout_s: float = 10.0,
         connections: int = 4,
-        http2: bool = True,
+        http2: bool = False,
     ) -> None:
         self._config = config
         self._http2 = http2

@@ -67,7 +67,7 @@ def test_a_burst_of_gets_shares_one_http2_connection(cluster: Cluster) -> None:
     a second one; closing the client closes both; with HTTP/2 off, the HTTP/1.1 pool."""
     port = urlsplit(cluster.server).port or 443
     before = connections_to(port)
-    client = KubeClient(load_kubeconfig(cluster.kubeconfig))
+    client = KubeClient(load_kubeconfig(cluster.kubeconfig), http2=True)
     path = "/api/v1/namespaces/default"
     with ThreadPoolExecutor(16) as ex:
         names = list(ex.map(lambda _: client.request("GET", path)["metadata"]["name"], range(16)))
