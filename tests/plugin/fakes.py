@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 import threading
 import time
 import uuid
@@ -26,6 +27,18 @@ from dra_driver.plugin.kubeclient import KubeConfig
 from dra_driver.plugin.resources import CounterSet, Device, Pool
 
 DRIVER = "gpu.test.example.com"
+
+
+def read_head(conn: socket.socket, buf: bytes) -> tuple[bytes, bytes] | None:
+    """The next request head on a kept-alive connection (``buf``: bytes already read),
+    and what followed it; None when the client closed first."""
+    while b"\r\n\r\n" not in buf:
+        data = conn.recv(65536)
+        if not data:
+            return None
+        buf += data
+    head, rest = buf.split(b"\r\n\r\n", 1)
+    return head, rest
 
 
 @dataclass

@@ -21,6 +21,8 @@ import h2.settings
 
 from dra_driver.devcluster.certs import generate_certs
 
+from .fakes import read_head
+
 Answer = tuple[int, list[tuple[str, str]], bytes]
 
 
@@ -106,13 +108,8 @@ class H2Server:
 
     def _serve_h1(self, sock: ssl.SSLSocket) -> None:
         buf = b""
-        while True:
-            while b"\r\n\r\n" not in buf:
-                data = sock.recv(65536)
-                if not data:
-                    return
-                buf += data
-            head, buf = buf.split(b"\r\n\r\n", 1)
+        while got := read_head(sock, buf):
+            head, buf = got
             lines = head.decode("latin-1").split("\r\n")
             length = next(
                 (int(v) for k, _, v in (x.partition(":") for x in lines[1:])

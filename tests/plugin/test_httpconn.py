@@ -16,6 +16,8 @@ import pytest
 from dra_driver.plugin.httpconn import HttpError, HttpPool
 from dra_driver.plugin.kubeclient import KubeClient, KubeConfig
 
+from .fakes import read_head
+
 Handler = Callable[[socket.socket, bytes], bool]
 """Gets the connection and one request's head; returns False to close the connection."""
 Serve = Callable[[list[Handler]], "tuple[Scripted, HttpPool]"]
@@ -43,14 +45,10 @@ class Scripted:
             with conn:
                 buf = b""
                 while self.script:
-                    while b"\r\n\r\n" not in buf:
-                        data = conn.recv(65536)
-                        if not data:
-                            break
-                        buf += data
-                    if b"\r\n\r\n" not in buf:
+                    got = read_head(conn, buf)
+                    if got is None:
                         break
-                    head, buf = buf.split(b"\r\n\r\n", 1)
+                    head, buf = got
                     self.requests.append(head)
                     if not self.script.pop(0)(conn, head):
                         break
@@ -282,13 +280,8 @@ class Gated:
     def _answer(self, conn: socket.socket) -> None:
         with conn:
             buf = b""
-            while True:
-                while b"\r\n\r\n" not in buf:
-                    data = conn.recv(65536)
-                    if not data:
-                        return
-                    buf += data
-                head, buf = buf.split(b"\r\n\r\n", 1)
+            while got := read_head(conn, buf):
+                head, buf = got
                 if b" /watch " in head:
                     conn.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
                     self.gate.wait(10)
