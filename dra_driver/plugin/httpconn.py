@@ -38,7 +38,7 @@ import socket
 import ssl
 import threading
 import weakref
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import BinaryIO
 from urllib.parse import urlsplit
 
@@ -162,7 +162,7 @@ def _body(f: BinaryIO, headers: Mapping[str, str]) -> Iterator[bytes]:
             yield data
 
 
-def _close_all(conns: list[_Conn], h2: list[H2Connection]) -> None:
+def _close_all(conns: list[_Conn], h2: Iterable[H2Connection] = ()) -> None:
     for conn in conns:
         conn.close()
     for h2conn in h2:
@@ -297,7 +297,7 @@ class HttpPool:
             idle = self._idle[:]
             self._idle.clear()
             h2 = self._h2[:]
-        _close_all(idle, [])
+        _close_all(idle)
         for conn in h2:
             conn.retire()
 

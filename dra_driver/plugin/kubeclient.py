@@ -138,7 +138,6 @@ class KubeClient:
         http2: bool = False,
     ) -> None:
         self._config = config
-        self._http2 = http2
         self._timeout_s = timeout_s
         if connections < 1:
             raise ValueError(f"connections: {connections}; want at least 1")
@@ -185,7 +184,7 @@ class KubeClient:
                 return
             self._cert_pems = pems
             self._ssl = _ssl_context(self._config, *pems)
-            if self._http2:
+            if self._ssl_h2 is not None:
                 self._ssl_h2 = _ssl_context(self._config, *pems, http2=True)
             old, self._pool_now = self._pool_now, self._pool()
         if old is not None:
