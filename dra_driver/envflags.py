@@ -15,8 +15,8 @@ from collections.abc import Mapping
 from typing import Any
 
 PREFIX = "DRA_"
-_TRUE = ("1", "true", "yes", "on")
-_FALSE = ("0", "false", "no", "off")
+TRUE_WORDS = ("1", "true", "yes", "on")
+FALSE_WORDS = ("0", "false", "no", "off")
 
 
 def env_name(option: str) -> str:
@@ -48,11 +48,11 @@ def bind(parser: argparse.ArgumentParser, environ: Mapping[str, str]) -> None:
 
 def _convert(parser: argparse.ArgumentParser, action: argparse.Action, name: str, raw: str) -> Any:
     if action.nargs == 0:  # store_true / store_false / store_const
-        if raw.lower() in _TRUE:
+        if raw.lower() in TRUE_WORDS:
             return action.const
-        if raw.lower() in _FALSE:
+        if raw.lower() in FALSE_WORDS:
             return not action.const if isinstance(action.const, bool) else None
-        parser.error(f"{name}={raw!r}: expected one of {', '.join(_TRUE + _FALSE)}")
+        parser.error(f"{name}={raw!r}: expected one of {', '.join(TRUE_WORDS + FALSE_WORDS)}")
     if isinstance(action, argparse._AppendAction):
         return [_value(parser, action, name, part.strip()) for part in raw.split(",")]
     return _value(parser, action, name, raw)

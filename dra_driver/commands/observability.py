@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 
+from dra_driver import envflags
 from dra_driver.gpu.healthpolicy import DEFAULT_IGNORED_XIDS, HealthPolicy
 
 _DEFAULT_IGNORED = ",".join(map(str, sorted(DEFAULT_IGNORED_XIDS)))
@@ -17,9 +18,9 @@ _DEFAULT_IGNORED = ",".join(map(str, sorted(DEFAULT_IGNORED_XIDS)))
 
 def boolean(text: str) -> bool:
     value = text.strip().lower()
-    if value in ("1", "true", "yes", "on"):
+    if value in envflags.TRUE_WORDS:
         return True
-    if value in ("0", "false", "no", "off"):
+    if value in envflags.FALSE_WORDS:
         return False
     raise argparse.ArgumentTypeError(f"{text!r} is not a boolean: use true or false")
 
