@@ -8,10 +8,12 @@
 #   busybox-static  the test containers' image (scripts/build-node.sh packs it)
 #   iproute2        `ip`: the real node's network namespace and bridge
 #   util-linux      unshare, nsenter, mount (present on every Debian)
+#   gcc, libc6-dev  cgo for NVIDIA's nvidia-cdi-hook (scripts/build-cdi-hook.sh) and the
+#                   tests' cudaprobe (tests/images.py)
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-packages=(runc busybox-static iproute2 util-linux)
+packages=(runc busybox-static iproute2 util-linux gcc libc6-dev)
 say() { printf '[setup-host] %s\n' "$*" >&2; }
 
 missing=()

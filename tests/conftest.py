@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import re
 import secrets
+import subprocess
 import tempfile
 from collections.abc import Generator, Iterator
 from pathlib import Path
@@ -27,6 +28,32 @@ other tests sharing the control plane never start on it."""
 
 # Tier 5 needs a real GPU: `make test-gpu` (scripts/test-gpu) runs it on a GPU node.
 collect_ignore = ["realgpu"]
+
+CDI_HOOK_ENV = "DRA_CDI_HOOK"
+REPO = Path(__file__).parents[1]
+
+
+def cdi_hook() -> Path:
+    """The nvidia-cdi-hook this session built (:func:`pytest_configure`)."""
+    return Path(os.environ[CDI_HOOK_ENV])
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """NVIDIA's nvidia-cdi-hook on PATH for the whole session, as the plugin image has it:
+    every plugin a test starts installs it on its node, and every container a test runs
+    from our specs runs it. Built from its Go module (scripts/build-cdi-hook.sh) unless
+    ``$DRA_CDI_HOOK`` names it; a failed build fails the session."""
+    hook = os.environ.get(CDI_HOOK_ENV)
+    if not hook:
+        done = subprocess.run(
+            [str(REPO / "scripts" / "build-cdi-hook.sh")],
+            capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        if done.returncode != 0:
+            raise pytest.UsageError(f"building nvidia-cdi-hook failed:\n{done.stderr[-3000:]}")
+        hook = done.stdout.strip().splitlines()[-1]
+        os.environ[CDI_HOOK_ENV] = hook
+    os.environ["PATH"] = f"{Path(hook).parent}{os.pathsep}{os.environ.get('PATH', '')}"
 
 
 @pytest.fixture(scope="session")
