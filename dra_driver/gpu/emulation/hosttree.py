@@ -14,8 +14,12 @@ pointed at this tree they see what they would see on the emulated node:
 * ``dev/nvidia<minor>``, ``nvidiactl``, ``nvidia-uvm(-tools)``, ``nvidia-modeset``,
   ``dev/nvidia-caps/nvidia-cap<N>``: character devices when running as root,
   empty files otherwise;
-* a driver root (``run/nvidia/driver``, as the GPU operator installs it) with
-  versioned libraries, firmware and ``usr/bin`` tools (placeholders that the
+* a driver root (``run/nvidia/driver``, as the GPU operator installs it) laid out
+  as the profile's ``driverLayout`` says (:data:`LAYOUTS`: Debian's multiarch dir,
+  RHEL's ``usr/lib64``, GKE's ``lib64``/``bin``), with the driver's libraries as
+  real ELF shared objects carrying the driver's sonames (:mod:`.elfstub`: a real
+  ``ldconfig`` registers them and ``dlopen`` loads them), their SONAME and ``.so``
+  links as a driver install makes them, firmware, and tools (placeholders that the
   preparation helper's emulated tools replace).
 """
 
@@ -23,10 +27,13 @@ from __future__ import annotations
 
 import contextlib
 import os
+import platform
 import stat
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
+from dra_driver.gpu.emulation.elfstub import shared_object
 from dra_driver.gpu.emulation.profile import EmulatedGpu, EmulatedProfile
 from dra_driver.gpu.hostpaths import HostPaths
 
@@ -35,12 +42,40 @@ UVM_MAJOR = 510
 CAPS_MAJOR = 511
 CTL_MINOR, MODESET_MINOR = 255, 254
 DRIVER_ROOT = Path("run/nvidia/driver")
-LIB_DIR = Path("usr/lib/x86_64-linux-gnu")
-BIN_DIR = Path("usr/bin")
 
-_LIBRARIES = ("libcuda.so", "libnvidia-ml.so", "libnvidia-ptxjitcompiler.so", "libnvidia-nvvm.so",
-              "libcudadebugger.so", "libnvidia-gpucomp.so", "libnvidia-allocator.so",
-              "libnvidia-cfg.so", "libnvidia-opencl.so")  # fmt: skip
+
+@dataclass(frozen=True)
+class Layout:
+    """Where a driver install puts its files, relative to the driver root."""
+
+    lib_dir: str
+    bin_dir: str
+    firmware_dir: str
+
+
+LAYOUTS = {
+    "debian": Layout(f"usr/lib/{platform.machine()}-linux-gnu", "usr/bin", "lib/firmware/nvidia"),
+    "rhel": Layout("usr/lib64", "usr/bin", "lib/firmware/nvidia"),
+    "gke": Layout("lib64", "bin", "firmware/nvidia"),
+}
+"""By profile ``driverLayout``: Debian/Ubuntu packages and the GPU operator's driver
+container, RHEL/Fedora packages, and GKE's ``/usr/local/nvidia``."""
+
+_LIBRARIES = (
+    # (file name before the driver version, SONAME; None: the versioned name itself)
+    ("libcuda.so", "libcuda.so.1"),
+    ("libnvidia-ml.so", "libnvidia-ml.so.1"),
+    ("libnvidia-ptxjitcompiler.so", "libnvidia-ptxjitcompiler.so.1"),
+    ("libnvidia-nvvm.so", "libnvidia-nvvm.so.4"),
+    ("libcudadebugger.so", "libcudadebugger.so.1"),
+    ("libnvidia-gpucomp.so", None),
+    ("libnvidia-allocator.so", "libnvidia-allocator.so.1"),
+    ("libnvidia-cfg.so", "libnvidia-cfg.so.1"),
+    ("libnvidia-opencl.so", "libnvidia-opencl.so.1"),
+)
+"""The driver's libraries with their real sonames (libnvidia-gpucomp's is versioned)."""
+_DEV_LINKS = ("libcuda.so", "libnvidia-ml.so")
+"""``.so`` links the driver's installer makes next to the SONAME links."""
 _TOOLS = ("nvidia-smi", "nvidia-debugdump", "nvidia-persistenced", "nvidia-cuda-mps-control",
           "nvidia-cuda-mps-server")  # fmt: skip
 _PLACEHOLDER_TOOL = '#!/bin/sh\necho "$0: emulated node, no tool installed here" >&2\nexit 127\n'
@@ -176,25 +211,41 @@ def write_host_tree(
         _device_node(host.dev(f"nvidia{gpu.minor}"), NVIDIA_MAJOR, gpu.minor, char_nodes)
         # The MIG instances' capability entries follow the instances (migstate.MigState).
 
-    lib_dir = host.driver(str(LIB_DIR))
-    lib_dir.mkdir(parents=True, exist_ok=True)
-    for lib in _LIBRARIES:
-        real = lib_dir / f"{lib}.{version}"
-        real.touch(0o755)
-        soname = lib_dir / f"{lib}.1"
-        if not soname.is_symlink():
-            soname.symlink_to(real.name)
-    firmware = host.driver("lib", "firmware", "nvidia", version)
+    layout = LAYOUTS[profile.driver_layout]
+    write_libraries(host.driver(layout.lib_dir), version, profile.cuda_driver_version)
+    firmware = host.driver(layout.firmware_dir, version)
     firmware.mkdir(parents=True, exist_ok=True)
     for blob in ("gsp_ga10x.bin", "gsp_tu10x.bin"):
         (firmware / blob).touch(0o644)
-    bin_dir = host.driver(str(BIN_DIR))
+    bin_dir = host.driver(layout.bin_dir)
     bin_dir.mkdir(parents=True, exist_ok=True)
     for tool in _TOOLS:
         path = bin_dir / tool
         if not path.exists():  # never clobber an emulated tool installed by the preparation side
             _write(path, _PLACEHOLDER_TOOL, 0o755)
     return host
+
+
+def write_libraries(lib_dir: Path, version: str, cuda_version: int) -> None:
+    """The driver's libraries in ``lib_dir``: ``<name>.<version>`` ELF files and their
+    links. ``libcuda``'s ``cuDriverGetVersion`` answers ``cuda_version`` (13000 = 13.0)."""
+    lib_dir.mkdir(parents=True, exist_ok=True)
+    for name, soname in _LIBRARIES:
+        real = lib_dir / f"{name}.{version}"
+        functions = {"cuDriverGetVersion": cuda_version} if name == "libcuda.so" else {}
+        data = shared_object(soname or real.name, functions)
+        if not real.is_file() or real.read_bytes() != data:
+            real.unlink(missing_ok=True)
+            real.write_bytes(data)
+            real.chmod(0o755)
+        links = [(soname, real.name)] if soname else []
+        if name in _DEV_LINKS and soname:
+            links.append((name, soname))
+        for link, target in links:
+            path = lib_dir / link
+            if not path.is_symlink():
+                path.unlink(missing_ok=True)
+                path.symlink_to(target)
 
 
 def _mig_cap_paths(

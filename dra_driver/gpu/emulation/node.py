@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from dra_driver.gpu.emulation.hosttree import (
-    BIN_DIR,
+    LAYOUTS,
     remove_gpu_files,
     write_host_tree,
     write_process_cgroup,
@@ -98,7 +98,7 @@ class EmulatedNode:
     @property
     def bin_dir(self) -> Path:
         """Where GPU tools (``nvidia-smi``, MPS control) live; emulated tools are written here."""
-        return self.host.driver(str(BIN_DIR))
+        return self.host.driver(LAYOUTS[self.profile.driver_layout].bin_dir)
 
     @property
     def profile_file(self) -> Path:

@@ -34,6 +34,8 @@ BUILTIN_PROFILES: tuple[str, ...] = (
     "hgx-h100-fabric",
 )
 
+DRIVER_LAYOUTS = ("debian", "rhel", "gke")
+"""Driver installations an emulated node can have (``driverLayout``; hosttree.LAYOUTS)."""
 # Brand and architecture names as the NVML enums spell them (NVML_BRAND_<x>, NVML_DEVICE_ARCH_<x>).
 _BRANDS = ("NVIDIA", "TESLA", "QUADRO", "GEFORCE", "TITAN", "NVIDIA_RTX", "QUADRO_RTX")
 _ARCHITECTURES = (
@@ -177,6 +179,9 @@ class EmulatedProfile:
     """C function name -> seconds each call takes (emulated hardware latency)."""
     device_node_delay: float = 0.0
     """Seconds after a MIG instance is created until its ``/dev/nvidia-caps`` nodes exist."""
+    driver_layout: str = "debian"
+    """Where the driver's files sit under its root (:data:`~.hosttree.LAYOUTS`): ``debian``
+    (multiarch lib dir), ``rhel`` (``usr/lib64``) or ``gke`` (``lib64`` and ``bin``)."""
 
 
 def _get(data: dict[str, Any], key: str, where: str, kind: type, default: Any = ...) -> Any:
@@ -397,7 +402,7 @@ def parse_profile(text: str, origin: str = "<profile>") -> EmulatedProfile:
         _check_keys(
             data,
             {"name", "driverVersion", "cudaDriverVersion", "models", "gpus", "nvlinkBridges",
-             "fabric", "numaDistances", "callDelays", "deviceNodeDelay"},
+             "fabric", "numaDistances", "callDelays", "deviceNodeDelay", "driverLayout"},
             "profile",
         )  # fmt: skip
         name = _get(data, "name", "profile", str)
@@ -419,9 +424,17 @@ def parse_profile(text: str, origin: str = "<profile>") -> EmulatedProfile:
             numa_distances=_numa_distances(_get(data, "numaDistances", "profile", list, []), gpus),
             call_delays=call_delays(data.get("callDelays", {}), "profile.callDelays"),
             device_node_delay=_seconds(data.get("deviceNodeDelay", 0), "profile.deviceNodeDelay"),
+            driver_layout=_layout(data),
         )
     except ProfileError as exc:
         raise ProfileError(f"{origin}: {exc}") from None
+
+
+def _layout(data: dict[str, Any]) -> str:
+    layout = _get(data, "driverLayout", "profile", str, "debian")
+    if layout not in DRIVER_LAYOUTS:
+        raise ProfileError(f"profile.driverLayout: {layout!r} is not one of {list(DRIVER_LAYOUTS)}")
+    return str(layout)
 
 
 def _with_bridges(gpus: tuple[EmulatedGpu, ...], bridges: list[Any]) -> tuple[EmulatedGpu, ...]:
