@@ -12,6 +12,17 @@
 # still defines an unprivileged user (UID 65532) for the one-shot commands
 # (`discover --emulate`, `slices`), e.g. `docker run --user 65532 ...`.
 ARG PYTHON_IMAGE=python:3.11-slim
+ARG GO_IMAGE=golang:1.26-bookworm
+
+# NVIDIA's nvidia-cdi-hook, built from the toolkit's Go module pinned in cdi/hook by the
+# same script the tests use (cgo on; it links only libc). Every CDI spec the plugin
+# writes names it; the plugin copies it onto the host at start (README "What a
+# container gets").
+FROM ${GO_IMAGE} AS hook
+WORKDIR /src
+COPY cdi/hook ./cdi/hook
+COPY scripts/build-cdi-hook.sh ./scripts/
+RUN cp "$(DRA_DRIVER_CACHE=/tmp/cache scripts/build-cdi-hook.sh)" /nvidia-cdi-hook
 
 FROM ${PYTHON_IMAGE} AS build
 WORKDIR /src
@@ -40,6 +51,7 @@ ENV PYTHONOPTIMIZE=2
 # NVML (libnvidia-ml.so.1) comes from the host's driver root, mounted by the
 # chart at /driver-root; the entry point exposes that one library to the loader
 # (not the host's whole lib dir, which would shadow the image's libc).
+COPY --from=hook /nvidia-cdi-hook /usr/local/bin/nvidia-cdi-hook
 COPY deploy/image/entrypoint.sh /usr/local/bin/dra-driver-entrypoint
 ENTRYPOINT ["dra-driver-entrypoint"]
 CMD ["kubelet-plugin"]

@@ -216,6 +216,7 @@ def _gpu_driver(settings: DaemonSettings, stack: ExitStack, registry: Registry) 
     import dataclasses
 
     from dra_driver.commands.discover import gpu_host
+    from dra_driver.gpu.cdihook import HookPlacement
     from dra_driver.gpu.discovery import discover
     from dra_driver.gpu.driver import GpuDriver
     from dra_driver.gpu.hostpaths import HostPaths
@@ -269,6 +270,9 @@ def _gpu_driver(settings: DaemonSettings, stack: ExitStack, registry: Registry) 
         registry=registry if settings.metrics else None,
         mig_mode=gpu.mig_mode,
         consumable=gpu.consumable,
+        cdi_hook=HookPlacement(
+            path=gpu.cdi_hook_path, local=gpu.cdi_hook_local_path, source=gpu.cdi_hook_source
+        ),
     )
 
 

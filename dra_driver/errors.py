@@ -14,6 +14,7 @@ to the code that raises them::
     ├── CheckpointError           gpu.checkpoint: the state file cannot be locked, read, written
     │   └── CheckpointCorruptError                the file exists but cannot be trusted
     ├── CdiError                  gpu.cdi: a CDI spec is invalid or cannot be written
+    ├── HookError                 gpu.cdihook: the node cannot run the CDI hook
     ├── ToolError                 gpu.sharing: nvidia-smi / MPS control failed
     ├── ConfigError               gpu.config: an opaque device config is invalid
     ├── DiscoveryError            gpu.discovery: NVML is unusable on this node

@@ -71,6 +71,13 @@ class GpuSettings:
     """Seconds between per-claim usage samples (with metrics); 0: off."""
     consumable: ConsumableGpus
     """Full GPUs published for sharing by many claims (consumable capacity)."""
+    cdi_hook_path: Path
+    """Where the container runtime runs NVIDIA's ``nvidia-cdi-hook`` (CDI specs name it)."""
+    cdi_hook_local_path: Path
+    """Where this process installs and checks that file (the same unless mounted elsewhere)."""
+    cdi_hook_source: Path | None
+    """What is installed at ``cdi_hook_path`` at start (a bare name: on ``PATH``); None:
+    an administrator's own copy is already there."""
 
 
 @dataclass(frozen=True)
@@ -100,6 +107,22 @@ def _interval(option: str, value: float, low: float, high: float, *, off: bool =
             f"{_flag(option)} is {value:g}: allowed {also}{low:g} to {high:g} seconds"
         )
     return value
+
+
+def _cdi_hook_path(args: argparse.Namespace, driver: str) -> Path:
+    path: Path = args.cdi_hook_path or args.kubelet_plugins_dir / driver / "nvidia-cdi-hook"
+    if not path.is_absolute():
+        raise SettingsError(f"{_flag('cdi-hook-path')} is {str(path)!r}: use an absolute path")
+    return path
+
+
+def _cdi_hook_source(args: argparse.Namespace) -> Path | None:
+    source: str = args.cdi_hook_source
+    if not source:
+        raise SettingsError(
+            f"{_flag('cdi-hook-source')} is empty: use a path, a name on PATH, or 'none'"
+        )
+    return None if source == "none" else Path(source)
 
 
 def host_settings(args: argparse.Namespace) -> HostSettings:
@@ -163,6 +186,9 @@ def daemon_settings(args: argparse.Namespace) -> DaemonSettings:
         health_policy=health_policy(args),
         usage_interval_s=_interval("usage-interval", args.usage_interval, 0.1, 3600, off=True),
         consumable=args.consumable_gpus,
+        cdi_hook_path=_cdi_hook_path(args, driver),
+        cdi_hook_local_path=args.cdi_hook_local_path or _cdi_hook_path(args, driver),
+        cdi_hook_source=_cdi_hook_source(args),
     )
     return DaemonSettings(
         host=host_settings(args),

@@ -13,6 +13,7 @@ import ctypes
 import errno
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -195,3 +196,30 @@ def test_d7_a_corrupt_checkpoint_makes_the_plugin_unready_and_taints_every_devic
                what="no claim-state problem")  # fmt: skip
     daemon.proc.send_signal(signal.SIGTERM)
     assert daemon.proc.wait(timeout=10) == 0
+
+
+def test_a_node_that_cannot_place_the_cdi_hook_is_unready_and_says_why_once(
+    start_daemon: Any,
+) -> None:
+    """The spec's hooks run on the host: a plugin that cannot put NVIDIA's
+    nvidia-cdi-hook there (or run it) must not look ready; the log and /readyz say why
+    in one line, and the next re-discovery (SIGHUP) retries."""
+    work_source = Path(tempfile.mkdtemp(prefix="dd-src-", dir="/tmp"))
+    source = work_source / "nvidia-cdi-hook"
+    daemon = start_daemon("--rediscover-interval=0", f"--cdi-hook-source={source}")
+    target = daemon.work / "plugins" / "gpu.nvidia.com" / "nvidia-cdi-hook"
+    why = f"cannot install the CDI hook {target}: No such file or directory ({source})"
+    wait_until(lambda: why in daemon.probe("/readyz")[1].get("problems", []), timeout=30,
+               what="the hook problem on /readyz", describe=lambda: daemon.log[-2000:])  # fmt: skip
+    assert daemon.probe("/readyz")[0] == 503
+    assert daemon.probe("/healthz")[0] == 200  # alive: restarting would not bring the file
+    said = [line for line in daemon.log.splitlines() if "CDI hook" in line]
+    assert len(said) == 1 and why in said[0] and "level=error" in said[0], said
+    shutil.copy(os.environ["DRA_CDI_HOOK"], source)
+    daemon.proc.send_signal(signal.SIGHUP)
+    wait_until(lambda: "CDI hook" not in json.dumps(daemon.probe("/readyz")[1]), timeout=30,
+               what="no hook problem left", describe=lambda: daemon.log[-2000:])  # fmt: skip
+    assert target.read_bytes() == source.read_bytes()
+    daemon.proc.send_signal(signal.SIGTERM)
+    assert daemon.proc.wait(timeout=10) == 0
+    shutil.rmtree(work_source)

@@ -66,6 +66,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "runtime paths (default: --driver-root)",
     )
     parser.add_argument(
+        "--cdi-hook-path",
+        type=Path,
+        default=None,
+        help="where the container runtime runs NVIDIA's nvidia-cdi-hook, which every CDI spec "
+        "names (ld cache, libcuda.so link, CUDA forward compatibility); a host path this "
+        "process sees at the same place (default <kubelet-plugins-dir>/<driver-name>/"
+        "nvidia-cdi-hook)",
+    )
+    parser.add_argument(
+        "--cdi-hook-local-path",
+        type=Path,
+        default=None,
+        help="where this process sees the file at --cdi-hook-path, when not at the same path "
+        "(the chart mounts a custom path's dir at /cdi-hook) (default: --cdi-hook-path)",
+    )
+    parser.add_argument(
+        "--cdi-hook-source",
+        default="nvidia-cdi-hook",
+        help="the nvidia-cdi-hook binary installed at --cdi-hook-path at start (a bare name "
+        "is looked up on PATH: the image ships it); 'none': install nothing and use NVIDIA's "
+        "own hook already at --cdi-hook-path (default %(default)s)",
+    )
+    parser.add_argument(
         "--state-dir",
         type=Path,
         default=None,

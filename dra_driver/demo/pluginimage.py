@@ -3,7 +3,9 @@
 What the ``Dockerfile`` builds, made from the same inputs: the wheel built from
 the files ``.dockerignore`` admits, installed with its runtime dependencies
 (wheels from PyPI) over a Python 3.11 base, ``deploy/image/entrypoint.sh`` as
-the entry point, and the Dockerfile's ``ENV``, ``ENTRYPOINT`` and ``CMD``. With
+the entry point, NVIDIA's ``nvidia-cdi-hook`` (``scripts/build-cdi-hook.sh``, as the Dockerfile's
+``hook`` stage runs it) at ``/usr/local/bin``, and the Dockerfile's ``ENV``,
+``ENTRYPOINT`` and ``CMD``. With
 no registry the base is not ``python:3.11-slim`` but Debian's own packages
 (``apt-get download`` + ``dpkg -x``, the way distroless images are made): the
 interpreter, its standard library, ``dash`` and ``coreutils`` for the entry
@@ -190,6 +192,8 @@ def assemble_rootfs(repo: Path, work: Path, python: str = sys.executable) -> Pat
          "compiling optimized bytecode")  # fmt: skip
     local_bin = rootfs / "usr/local/bin"
     local_bin.mkdir(parents=True, exist_ok=True)
+    hook = _run([str(repo / "scripts/build-cdi-hook.sh")], "building nvidia-cdi-hook")
+    shutil.copy2(hook.strip().splitlines()[-1], local_bin / "nvidia-cdi-hook")
     shutil.copy2(repo / "deploy/image/entrypoint.sh", local_bin / "dra-driver-entrypoint")
     (local_bin / "dra-driver-entrypoint").chmod(0o755)
     script = local_bin / "dra-driver"

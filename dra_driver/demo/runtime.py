@@ -107,8 +107,11 @@ class ContainerRuntime:
         argv: Sequence[str],
         name: str = "",
         timeout: float = 60.0,
+        rootfs: Path | None = None,
     ) -> ContainerRun:
-        """Inject ``cdi_ids`` with the real CDI library, then ``runc run`` ``argv``."""
+        """Inject ``cdi_ids`` with the real CDI library, then ``runc run`` ``argv`` on
+        ``rootfs`` (default: a busybox root filesystem shared by every call). The spec's
+        hooks run as containerd would have them run, and may change ``rootfs``."""
         base = json.loads(json.dumps(self._base_spec()))
         process = base["process"]
         assert isinstance(process, dict)
@@ -116,7 +119,7 @@ class ContainerRuntime:
         process["args"] = list(argv)
         root = base["root"]
         assert isinstance(root, dict)
-        root["path"] = str(self._rootfs)
+        root["path"] = str(rootfs or self._rootfs)
         root["readonly"] = False
         container = name or f"c-{uuid.uuid4().hex[:10]}"
         bundle = self.workdir / "bundles" / container

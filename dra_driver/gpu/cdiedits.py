@@ -9,21 +9,21 @@ What a container needs to use a GPU, and why each piece is there:
   the two capability nodes ``/dev/nvidia-caps/nvidia-cap<N>`` of its GPU and
   compute instance. Without those caps the container cannot open the MIG
   device; with only its own caps it sees exactly that MIG device.
-- Driver libraries (``*.so.<driver version>`` and their SONAME links, mounted
-  as files so no ldconfig hook is needed), tools and GSP firmware, read-only.
-  Libraries from a multiarch dir keep their path; those from ``lib64``,
-  ``usr/lib64`` or ``usr/lib`` (GKE-style ``/usr/local/nvidia``, RHEL hosts)
-  go to the node architecture's multiarch dir (``/usr/lib/x86_64-linux-gnu``),
-  which the loader of Debian- and Ubuntu-based images (CUDA, NGC, PyTorch)
-  searches without an ldconfig run; a container path the image's loader
-  never searches would leave ``libcuda.so.1`` unfound.
+- Driver libraries (every ``*.so.<driver version>`` file), tools and GSP firmware,
+  read-only, each at its host path relative to the driver root (NVIDIA's
+  convention: ``usr/lib64/libcuda.so.<v>`` of a RHEL host is
+  ``/usr/lib64/libcuda.so.<v>`` in the container). No image's loader is expected to
+  search there by itself: NVIDIA's hooks (:mod:`.cdihook`) make the SONAME and
+  ``libcuda.so`` links and add the dirs to the container's ld cache, on Debian,
+  RHEL/UBI and distroless images alike.
 
 Every device node is *fully specified* (type, major, minor, fileMode) from the
 host (majors from ``/proc/devices``), so a runtime creates it even where the
 host path is missing, and never has to stat it.
 
-Environment: only ``NVIDIA_VISIBLE_DEVICES=void`` at spec level. It stops the
-legacy nvidia-container-runtime hook from adding devices on top of ours. We
+Environment, at spec level: ``NVIDIA_VISIBLE_DEVICES=void`` stops the legacy
+nvidia-container-runtime hook from adding devices on top of ours, and
+``NVIDIA_CTK_LIBCUDA_DIR`` names libcuda's dir, as NVIDIA's specs do. We
 deliberately set no ``CUDA_VISIBLE_DEVICES``: the container already sees only
 its device nodes (CUDA enumerates what it can open), and a second claim in
 the same container would otherwise overwrite the first claim's value.
@@ -31,13 +31,13 @@ the same container would otherwise overwrite the first claim's value.
 
 from __future__ import annotations
 
-import platform
 import re
 import stat
 from dataclasses import dataclass
 from pathlib import Path
 
 from dra_driver.gpu.cdi import CdiError, ContainerEdits, DeviceNode, Mount, read_whole
+from dra_driver.gpu.cdihook import driver_hooks
 from dra_driver.gpu.hostpaths import BIN_DIRS, LIB_DIRS, HostPaths
 from dra_driver.gpu.inventory import Gpu, MigInstance
 
@@ -49,7 +49,6 @@ BINARIES = (
     "nvidia-cuda-mps-server",
 )
 RO_MOUNT = ("ro", "nosuid", "nodev", "rbind", "rprivate")
-MULTIARCH = {"x86_64": "usr/lib/x86_64-linux-gnu", "aarch64": "usr/lib/aarch64-linux-gnu"}
 FIRMWARE_DIRS = ("lib/firmware/nvidia", "firmware/nvidia")
 """GSP firmware under a driver root: distro layout, then the GKE layout."""
 DEFAULT_NODE_MODE = 0o666
@@ -71,6 +70,26 @@ def read_proc_devices(host: HostPaths) -> bytes:
         return read_whole(path)
     except OSError as exc:
         raise CdiError(f"read {path}: {exc.strerror}") from exc
+
+
+def _links_to(libdir: Path, entries: list[Path], libs: set[str]) -> list[tuple[str, str]]:
+    """``(link name, its target)`` for the links in ``libdir`` that lead, within the
+    dir, to one of ``libs``: the SONAME and ``.so`` links the driver install made."""
+    out = []
+    for entry in entries:
+        if not entry.is_symlink():
+            continue
+        target = name = str(entry.readlink())
+        for _ in range(8):  # a chain: libcuda.so -> libcuda.so.1 -> libcuda.so.<v>
+            if "/" in name or name in libs:
+                break
+            try:
+                name = str((libdir / name).readlink())
+            except OSError:
+                break
+        if "/" not in target and name in libs:
+            out.append((entry.name, target))
+    return out
 
 
 def parse_majors(data: bytes) -> dict[str, int]:
@@ -103,6 +122,7 @@ class EditsBuilder:
     ``host`` is where this process reads the host; ``runtime_host`` is how the
     container runtime on the node names the same places (they differ when the
     plugin runs in a pod with the driver root mounted at ``/driver-root``).
+    ``hook`` is the ``nvidia-cdi-hook`` binary as the runtime finds it on the host.
     """
 
     def __init__(
@@ -110,12 +130,14 @@ class EditsBuilder:
         *,
         host: HostPaths,
         driver_version: str,
+        hook: Path,
         runtime_host: HostPaths | None = None,
         majors: dict[str, int] | None = None,
     ) -> None:
         self._host = host
         self._view = runtime_host or host
         self._version = driver_version
+        self._hook = str(hook)
         self._majors = majors if majors is not None else read_majors(host)
         self._common: ContainerEdits | None = None
 
@@ -166,10 +188,21 @@ class EditsBuilder:
     def common(self) -> ContainerEdits:
         """Spec-level edits shared by every device of every claim on this node."""
         if self._common is None:
+            mounts, links, lib_dirs = self._driver_files()
+            env = ["NVIDIA_VISIBLE_DEVICES=void"]
+            cuda_dirs = sorted({c.rsplit("/", 1)[0] for c in mounts if "/libcuda.so." in c})
+            if cuda_dirs:
+                env.append(f"NVIDIA_CTK_LIBCUDA_DIR={':'.join(cuda_dirs)}")
             self._common = ContainerEdits(
-                env=("NVIDIA_VISIBLE_DEVICES=void",),
+                env=tuple(env),
                 device_nodes=self._control_nodes(),
-                mounts=self._driver_mounts(),
+                mounts=tuple(
+                    Mount(host_path=self._runtime_path(p), container_path=c, options=RO_MOUNT)
+                    for c, p in sorted(mounts.items())
+                ),
+                hooks=driver_hooks(
+                    self._hook, driver_version=self._version, links=links, lib_dirs=lib_dirs
+                ),
             )
         return self._common
 
@@ -184,36 +217,46 @@ class EditsBuilder:
             nodes.append(self._node("nvidia-uvm-tools", uvm, 1))
         return tuple(nodes)
 
-    def _driver_mounts(self) -> tuple[Mount, ...]:
+    def _driver_files(self) -> tuple[dict[str, Path], list[tuple[str, str]], list[str]]:
+        """What the driver root gives a container: mounts (container path -> host file),
+        the links the ``create-symlinks`` hook makes (target, container path) and the
+        library dirs ``update-ldcache`` adds, all at host paths relative to the root."""
         root = self._host.driver_root
         found: dict[str, Path] = {}
+        links: dict[str, str] = {}
+        lib_dirs: list[str] = []
         suffix = f".so.{self._version}"
-        multiarch = MULTIARCH.get(platform.machine(), MULTIARCH["x86_64"])
         for rel in LIB_DIRS:
-            target = rel if rel.endswith("-linux-gnu") else multiarch
-            for libdir, dest in ((root / rel, target), (root / rel / "vdpau", f"{target}/vdpau")):
+            for libdir in (root / rel, root / rel / "vdpau"):
                 if not libdir.is_dir() or libdir.is_symlink():
                     continue
-                libs = {p.name for p in libdir.iterdir() if p.name.endswith(suffix)}
-                for entry in sorted(libdir.iterdir()):
-                    is_lib = entry.name in libs and entry.is_file() and not entry.is_symlink()
-                    is_link = entry.is_symlink() and entry.readlink().name in libs
-                    if is_lib or is_link:
-                        found.setdefault(f"/{dest}/{entry.name}", entry)
+                entries = sorted(libdir.iterdir())
+                libs = {
+                    e.name for e in entries if e.name.endswith(suffix) and e.is_file()
+                    and not e.is_symlink()
+                }  # fmt: skip
+                if not libs:
+                    continue
+                where = "/" + str(libdir.relative_to(root))
+                lib_dirs.append(where)
+                for name in sorted(libs):
+                    found.setdefault(f"{where}/{name}", libdir / name)
+                for link, target in _links_to(libdir, entries, libs):
+                    links.setdefault(f"{where}/{link}", target)
+                if any(n.startswith("libcuda.so.") for n in libs):
+                    # Many programs dlopen "libcuda.so" (NVIDIA's specs always add it).
+                    links.setdefault(f"{where}/libcuda.so", "libcuda.so.1")
         for rel in BIN_DIRS:
             for name in BINARIES:
                 exe = root / rel / name
-                if exe.is_file() and f"/usr/bin/{name}" not in found:
-                    found[f"/usr/bin/{name}"] = exe
+                if exe.is_file() and not any(c.endswith(f"/{name}") for c in found):
+                    found[f"/{rel}/{name}"] = exe
         for rel in FIRMWARE_DIRS:
             fw = root / rel / self._version
             if fw.is_dir():
                 for blob in sorted(fw.glob("gsp*.bin")):
-                    found.setdefault(f"/lib/firmware/nvidia/{self._version}/{blob.name}", blob)
-        return tuple(
-            Mount(host_path=self._runtime_path(p), container_path=c, options=RO_MOUNT)
-            for c, p in sorted(found.items())
-        )
+                    found.setdefault(f"/{rel}/{self._version}/{blob.name}", blob)
+        return found, [(t, c) for c, t in links.items()], lib_dirs
 
     def gpu(self, gpu: Gpu) -> ContainerEdits:
         """The GPU's own node, plus its DRI nodes when the host has them."""

@@ -4,9 +4,11 @@ strategy created for it), plus its units' additions."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from dra_driver.gpu import cdi
 from dra_driver.gpu.cdiedits import EditsBuilder, parse_majors, read_proc_devices
+from dra_driver.gpu.cdihook import TOOLKIT_HOOK
 from dra_driver.gpu.hostpaths import HostPaths
 from dra_driver.gpu.inventory import Gpu, Inventory, MigInstance
 from dra_driver.gpu.strategies.base import Materializes, SharingStrategy, Target, Unit
@@ -14,13 +16,20 @@ from dra_driver.gpu.strategies.base import Materializes, SharingStrategy, Target
 
 class ClaimSpecs:
     def __init__(
-        self, *, kind: str, host: HostPaths, runtime_host: HostPaths | None = None
+        self,
+        *,
+        kind: str,
+        host: HostPaths,
+        runtime_host: HostPaths | None = None,
+        hook: Path = TOOLKIT_HOOK,
     ) -> None:
         """``runtime_host``: how the container runtime names host paths, when this
-        process sees them elsewhere (see :class:`~dra_driver.gpu.cdiedits.EditsBuilder`)."""
+        process sees them elsewhere (see :class:`~dra_driver.gpu.cdiedits.EditsBuilder`);
+        ``hook``: the ``nvidia-cdi-hook`` the specs' hooks run (:mod:`~dra_driver.gpu.cdihook`)."""
         self.kind = kind
         self._host = host
         self._runtime_host = runtime_host
+        self._hook = hook
         self._cache: tuple[tuple[str, bytes], EditsBuilder] | None = None
 
     def _builder(self, inventory: Inventory) -> EditsBuilder:
@@ -31,6 +40,7 @@ class ClaimSpecs:
             builder = EditsBuilder(
                 host=self._host,
                 driver_version=inventory.driver_version,
+                hook=self._hook,
                 runtime_host=self._runtime_host,
                 majors=parse_majors(key[1]),
             )

@@ -34,6 +34,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from dra_driver.errors import DriverError
+from dra_driver.gpu import cdihook
 from dra_driver.gpu.consumable import ConsumableGpus
 from dra_driver.gpu.devices import NumaAttributeForm, build_pool
 from dra_driver.gpu.devicestatus import device_status
@@ -91,6 +92,7 @@ class GpuDriver:
         registry: Registry | None = None,
         mig_mode: MigMode = "static",
         consumable: ConsumableGpus | None = None,
+        cdi_hook: cdihook.HookPlacement | None = None,
     ) -> None:
         """Runs the first discovery now, so a node without a usable driver fails at start,
         then finishes whatever prepare or unprepare a previous process left half done.
@@ -102,7 +104,9 @@ class GpuDriver:
         what it saw (metrics). With a ``registry``, per-claim GPU usage is sampled every
         ``usage_interval_s`` (0: never) once the plugin hands over its prepared claims.
         ``consumable``: the GPUs published for sharing (``--consumable-gpus``,
-        :mod:`dra_driver.gpu.shares`).
+        :mod:`dra_driver.gpu.shares`). ``cdi_hook``: where NVIDIA's ``nvidia-cdi-hook`` goes
+        on the host and where it comes from (installed now; None: the specs name the
+        toolkit's ``/usr/bin/nvidia-cdi-hook`` and nothing is installed or checked).
         """
         self._driver_name = driver_name
         self._pool_name = pool_name
@@ -148,6 +152,9 @@ class GpuDriver:
         )
         self._owned: frozenset[OwnedInstance] = frozenset()
         self._state_problem = ""
+        self._hook = cdi_hook
+        self._hook_problem = ""
+        self._place_hook()
         self._inventory = discover()
         if self._consumable:
             _say_consumable(self._consumable, self._inventory, logger)
@@ -160,6 +167,7 @@ class GpuDriver:
             logger=logger,
             tools=tools,
             runtime_host=runtime_host,
+            cdi_hook=cdi_hook.path if cdi_hook is not None else cdihook.TOOLKIT_HOOK,
             mig_instances=self._mig,
             on_state_problem=self._state_changed,
         )
@@ -235,16 +243,31 @@ class GpuDriver:
         if self._notify is not None:
             self._notify()
 
+    def _place_hook(self) -> None:
+        """Install and check the CDI hook; say so once when that fails or recovers."""
+        if self._hook is None:
+            return
+        problem = cdihook.install(self._hook.source, self._hook.local)
+        if problem and problem != self._hook_problem:
+            self._log.error("this node prepares no claims until the CDI hook is fixed: %s", problem)
+        elif not problem and self._hook_problem:
+            self._log.info("CDI hook usable again", extra={"path": str(self._hook.path)})
+        self._hook_problem = problem
+
     def problems(self) -> list[str]:
-        """StatusReporter: the plugin is not ready while the claim state is unreadable."""
+        """StatusReporter: the plugin is not ready while the claim state is unreadable or
+        the CDI hook cannot be run."""
         problem = self._preparer.state_problem()
-        return [f"claim state: {problem}"] if problem else []
+        found = [f"claim state: {problem}"] if problem else []
+        return found + ([self._hook_problem] if self._hook_problem else [])
 
     def refresh(self) -> bool:
         """Discover again (and re-read the claim state if it was unreadable); True when the
         published pool changed (caller republishes)."""
         if self._state_problem:
             self._preparer.check_state()  # taints go with the next pool once it is fixed
+        if self._hook_problem:
+            self._place_hook()
         try:
             inventory = self._discover_owned()
         except DiscoveryError as exc:
@@ -319,6 +342,8 @@ class GpuDriver:
             return self._pool
 
     def prepare(self, claim: Claim) -> list[PreparedDevice]:
+        if self._hook_problem:  # its containers would fail to start, less clearly
+            raise cdihook.HookError(f"prepare claim {claim.ref}: {self._hook_problem}")
         return self._preparer.prepare(claim)
 
     def unprepare(self, claim: ClaimRef) -> None:

@@ -43,6 +43,7 @@ from typing import Any
 
 from dra_driver.errors import DriverError
 from dra_driver.gpu import cdi
+from dra_driver.gpu.cdihook import TOOLKIT_HOOK
 from dra_driver.gpu.checkpoint import (
     ACQUIRING,
     PREPARED,
@@ -117,6 +118,7 @@ class ClaimPreparer:
         logger: logging.Logger,
         tools: GpuTools,
         runtime_host: HostPaths | None = None,
+        cdi_hook: Path = TOOLKIT_HOOK,
         strategies: Strategies | None = None,
         mig_instances: MigInstances | None = None,
         gpu_lock_timeout_s: float = 30.0,
@@ -148,7 +150,9 @@ class ClaimPreparer:
         )
         self._catalogs = bool(self._strategies.catalogs())
         self._on_step = on_step or (lambda _name: None)
-        self._specs = ClaimSpecs(kind=self.kind, host=host, runtime_host=runtime_host)
+        self._specs = ClaimSpecs(
+            kind=self.kind, host=host, runtime_host=runtime_host, hook=cdi_hook
+        )
 
     def close(self) -> None:
         self._locks.close()

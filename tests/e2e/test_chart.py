@@ -50,6 +50,7 @@ def test_lint_strict_passes(helm: Path) -> None:
         ("healthPort=0", "healthPort"),
         ("kubeletRootDir=var/lib/kubelet", "kubeletRootDir"),
         ("driverName=GPU_NVIDIA", "driverName"),
+        ("cdiHook.path=relative/hook", "cdiHook"),
         ("no.such=1", "no"),
     ],
 )
@@ -137,6 +138,43 @@ def test_consumable_gpus_reach_the_plugin_through_its_env(
     parser = build_parser(_load_commands(), environ={"DRA_CONSUMABLE_GPUS": value})
     args = parser.parse_args(["kubelet-plugin", "--node-name=n"])
     assert args.consumable_gpus == ConsumableGpus(names=frozenset({"NVIDIA L4"}))
+
+
+def test_cdi_hook_values_reach_the_plugin_s_settings(helm: Path) -> None:
+    """Default: the image's hook copied under the kubelet's plugins dir (mounted at the
+    same path). An administrator's own (the toolkit's /usr/bin/nvidia-cdi-hook): its dir
+    mounted read-only at /cdi-hook, never over the image's /usr/bin, and only checked."""
+    from dra_driver.cli import _load_commands, build_parser
+    from dra_driver.settings import daemon_settings
+
+    def settings(*args: str) -> tuple[Any, dict[str, Any], dict[str, Any]]:
+        pod = daemonset(render(helm, *args))["spec"]["template"]["spec"]
+        (container,) = pod["containers"]
+        env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
+        parser = build_parser(_load_commands(), environ={**env, "DRA_NODE_NAME": "n"})
+        gpu = daemon_settings(parser.parse_args(container["args"])).gpu
+        mounts = {m["name"]: m for m in container["volumeMounts"]}
+        return gpu, mounts, {v["name"]: v for v in pod["volumes"]}
+
+    gpu, mounts, volumes = settings()
+    hook = Path("/var/lib/kubelet/plugins/gpu.nvidia.com/nvidia-cdi-hook")
+    assert (gpu.cdi_hook_path, gpu.cdi_hook_local_path) == (hook, hook)
+    assert gpu.cdi_hook_source == Path("nvidia-cdi-hook")  # the image's, on PATH
+    assert "cdi-hook" not in mounts and mounts["plugins"]["mountPath"] == str(hook.parents[1])
+
+    gpu, mounts, volumes = settings(
+        "--set", "cdiHook.path=/usr/bin/nvidia-cdi-hook", "--set", "cdiHook.install=false"
+    )
+    assert gpu.cdi_hook_path == Path("/usr/bin/nvidia-cdi-hook")
+    assert gpu.cdi_hook_local_path == Path("/cdi-hook/nvidia-cdi-hook")
+    assert gpu.cdi_hook_source is None
+    assert mounts["cdi-hook"] == {"name": "cdi-hook", "mountPath": "/cdi-hook", "readOnly": True}
+    assert volumes["cdi-hook"]["hostPath"] == {"path": "/usr/bin", "type": "Directory"}
+
+    gpu, mounts, volumes = settings("--set", "cdiHook.path=/opt/nvidia/hook")
+    assert gpu.cdi_hook_source == Path("nvidia-cdi-hook")
+    assert mounts["cdi-hook"]["readOnly"] is False
+    assert volumes["cdi-hook"]["hostPath"] == {"path": "/opt/nvidia", "type": "DirectoryOrCreate"}
 
 
 def test_rolling_update_switch(helm: Path) -> None:

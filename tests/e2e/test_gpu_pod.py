@@ -7,12 +7,18 @@ the spec and the claim."""
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
 from typing import Any
 
 from dra_driver.demo.realgpu import RealGpuNode, keep_running
 from dra_driver.demo.stack import RESOURCE_API, load_examples, pin_to_node
 from dra_driver.devcluster import Cluster, wait_until
+from dra_driver.devcluster.node import NodeImage
+from dra_driver.devcluster.ociimage import ImageConfig, LayerBuilder, write_archive
+from tests.conftest import cdi_hook
 from tests.e2e.scenarios import EXAMPLES
+from tests.images import MULTIARCH, PROBE, build_probe, debian_rootfs
 
 SHOW = (
     "ls /dev/nvidia* /dev/nvidia-caps 2>/dev/null; env | grep -E '^(NVIDIA|CUDA)_' | sort; "
@@ -92,3 +98,46 @@ def test_one_gpu_by_memory_from_template_to_containerd_and_back(
         return all(c["metadata"]["uid"] != uid for c in listed["items"])
 
     wait_until(claim_gone, timeout=30, what="the template's claim deleted with its pod")
+
+
+def test_a_stock_debian_image_finds_libcuda_through_containerd(
+    cluster: Cluster, cluster_namespace: str, real_a100: RealGpuNode, tmp_path: Path
+) -> None:
+    """The same as NVIDIA's toolkit gives it, through the real kubelet and containerd: the
+    spec's hooks (NVIDIA's nvidia-cdi-hook, which our plugin put on the node) run for
+    the pod's container; its own ``ldconfig -p`` lists ``libcuda.so.1`` and
+    ``libcuda.so``, and a program that ``dlopen``s them by name gets the driver's."""
+    ns, node = cluster_namespace, real_a100
+    hook = node.state_dir / "nvidia-cdi-hook"
+    assert hook.read_bytes() == cdi_hook().read_bytes()  # installed by the plugin at start
+    rootfs = debian_rootfs(tmp_path / "rootfs", build_probe(tmp_path / "probe"))
+    layer = LayerBuilder()
+    layer.tree(rootfs)
+    ref = "localhost/cuda-probe:debian"
+    debian_path = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+    write_archive(tmp_path / "image.tar", ref, [layer.tar()], ImageConfig(env=(debian_path,)))
+    node.node.import_image(NodeImage(tmp_path / "image.tar", ref))
+    objs = pin_to_node(load_examples(EXAMPLES / "gpu-by-memory.yaml", ns), node.name)
+    for obj in objs:
+        if obj["kind"] == "Pod":
+            obj["metadata"]["name"] = "cuda-probe"
+            (container,) = obj["spec"]["containers"]
+            container["image"] = ref
+            container["command"] = ["sh", "-c", f"ldconfig -p | grep libcuda; {PROBE}"]
+    cluster.apply(keep_running(objs))
+
+    run = node.run_pod(ns, "cuda-probe")
+
+    out = run.containers["main"].stdout
+    lib = f"/lib/{MULTIARCH}"  # merged /usr: the first system dir ldconfig scans
+    assert re.search(rf"^\s+libcuda\.so\.1 \(.*\) => {lib}/libcuda\.so\.1$", out, re.M), out
+    assert re.search(rf"^\s+libcuda\.so \(.*\) => {lib}/libcuda\.so$", out, re.M), out
+    assert f"DLOPEN libcuda.so.1 {lib}/libcuda.so.1 13000" in out.splitlines(), out
+    assert f"DLOPEN libcuda.so {lib}/libcuda.so 13000" in out.splitlines(), out
+    (spec,) = node.cdi_specs().values()
+    hooks = [h["args"][1] for h in spec["containerEdits"]["hooks"]]
+    assert hooks == ["create-symlinks", "enable-cuda-compat", "update-ldcache",
+                     "disable-device-node-modification"]  # fmt: skip
+    assert {h["path"] for h in spec["containerEdits"]["hooks"]} == {str(hook)}
+    node.delete_pod(ns, "cuda-probe")
+    wait_until(lambda: node.cdi_specs() == {}, timeout=30, what="CDI spec removed")

@@ -15,8 +15,10 @@ import subprocess
 import sys
 import tarfile
 from pathlib import Path
+from typing import Any
 
 from dra_driver.demo.pluginimage import prune
+from tests.conftest import cdi_hook
 from tests.e2e.helm import ROOT
 
 
@@ -46,8 +48,12 @@ def context_files() -> list[Path]:
 def test_build_context_is_only_the_package() -> None:
     files = context_files()
     tops = {f.parts[0] for f in files}
-    assert tops == {"pyproject.toml", "README.md", "dra_driver", "deploy"}
+    assert tops == {"pyproject.toml", "README.md", "dra_driver", "deploy", "cdi", "scripts"}
     assert [f for f in files if f.parts[0] == "deploy"] == [Path("deploy/image/entrypoint.sh")]
+    # NVIDIA's hook: its pinned Go module and the script that builds it, nothing else.
+    assert sorted(f for f in files if f.parts[0] in ("cdi", "scripts")) == [
+        Path("cdi/hook/go.mod"), Path("cdi/hook/go.sum"), Path("scripts/build-cdi-hook.sh"),
+    ]  # fmt: skip
 
 
 def test_wheel_from_the_context_runs_the_entry_point(tmp_path: Path) -> None:
@@ -144,11 +150,8 @@ def test_an_image_build_prunes_all_but_the_newest_older_images(tmp_path: Path) -
                            "k8s-v1.37.1-0e5382e25b84"])  # fmt: skip
 
 
-def test_the_image_runs_optimized_bytecode_it_ships(plugin_image: tuple[Path, str]) -> None:
-    """PYTHONOPTIMIZE=2 (no docstrings: 1.5 MB less resident memory) only pays when the
-    ``.opt-2.pyc`` files are in the image: without them every start would compile the
-    package and its libraries (hundreds of ms of start to the registration socket)."""
-    archive, _ = plugin_image
+def image_content(archive: Path) -> tuple[dict[str, Any], dict[str, tuple[int, bytes | None]]]:
+    """The image's config and its files: path -> (mode, content; None for non-files)."""
     with tarfile.open(archive) as outer:
         index = json.load(outer.extractfile("index.json"))  # type: ignore[arg-type]
 
@@ -159,10 +162,31 @@ def test_the_image_runs_optimized_bytecode_it_ships(plugin_image: tuple[Path, st
 
         manifest = json.loads(blob(index["manifests"][0]["digest"]))
         config = json.loads(blob(manifest["config"]["digest"]))
-        names: set[str] = set()
+        files: dict[str, tuple[int, bytes | None]] = {}
         for layer in manifest["layers"]:
             with tarfile.open(fileobj=io.BytesIO(gzip.decompress(blob(layer["digest"])))) as t:
-                names |= {n.lstrip("./") for n in t.getnames()}
+                for info in t.getmembers():
+                    data = t.extractfile(info) if info.isfile() else None
+                    files[info.name.lstrip("./")] = (info.mode, data.read() if data else None)
+    return config, files
+
+
+def test_the_image_ships_nvidia_s_cdi_hook(plugin_image: tuple[Path, str]) -> None:
+    """The plugin copies it onto the host at start (``--cdi-hook-source`` finds it on
+    PATH): the binary built from the toolkit's pinned Go module, executable."""
+    config, files = image_content(plugin_image[0])
+    mode, data = files["usr/local/bin/nvidia-cdi-hook"]
+    assert mode == 0o755
+    assert data == cdi_hook().read_bytes()
+    assert any(e.startswith("PATH=") and "/usr/local/bin" in e for e in config["config"]["Env"])
+
+
+def test_the_image_runs_optimized_bytecode_it_ships(plugin_image: tuple[Path, str]) -> None:
+    """PYTHONOPTIMIZE=2 (no docstrings: 1.5 MB less resident memory) only pays when the
+    ``.opt-2.pyc`` files are in the image: without them every start would compile the
+    package and its libraries (hundreds of ms of start to the registration socket)."""
+    config, files = image_content(plugin_image[0])
+    names = set(files)
     assert "PYTHONOPTIMIZE=2" in config["config"]["Env"]
     site = "usr/local/lib/python3.11/dist-packages"
     for pyc in (f"{site}/dra_driver/__pycache__/daemon.cpython-311.opt-2.pyc",

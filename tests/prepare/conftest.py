@@ -33,3 +33,27 @@ def _short_state_dirs() -> Iterator[None]:
             if point.startswith(f"{made}/"):
                 subprocess.run(["umount", "--lazy", point], check=False)
         shutil.rmtree(made, ignore_errors=True)
+
+
+REPO = Path(__file__).parents[2]
+
+
+def need(tool: str) -> str:
+    path = shutil.which(tool)
+    if path is None:
+        pytest.fail(f"{tool} not installed (apt-get install runc busybox-static)", pytrace=False)
+    return path
+
+
+@pytest.fixture(scope="session")
+def harness() -> Path:
+    """The CDI harness: the real CDI Go library, as containerd drives it."""
+    done = subprocess.run(
+        [str(REPO / "scripts" / "build-cdi-harness.sh")],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        pytest.fail(f"building the CDI harness failed:\n{done.stderr}", pytrace=False)
+    return Path(done.stdout.strip())

@@ -6,6 +6,7 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+from dra_driver.gpu.cdihook import TOOLKIT_HOOK
 from dra_driver.gpu.discovery import discover
 from dra_driver.gpu.emulation import gputools
 from dra_driver.gpu.emulation.node import EmulatedNode
@@ -33,7 +34,9 @@ class EmulatedSetup:
     cdi_dir: Path
     state_dir: Path
 
-    def preparer(self) -> ClaimPreparer:
+    def preparer(self, cdi_hook: Path = TOOLKIT_HOOK) -> ClaimPreparer:
+        """``cdi_hook``: the hook binary the specs name (:func:`tests.conftest.cdi_hook` for
+        containers that run them; the golden specs keep the toolkit's path)."""
         return ClaimPreparer(
             driver_name="gpu.nvidia.com",
             inventory=lambda: self.inventory,
@@ -42,13 +45,14 @@ class EmulatedSetup:
             state_dir=self.state_dir,
             logger=logging.getLogger("test.prepare.emulated"),
             tools=self.tools,
+            cdi_hook=cdi_hook,
         )
 
     def device_names(self) -> list[str]:
         return list(devices_by_name(self.inventory))
 
 
-def emulated(profile: str, root: Path) -> EmulatedSetup:
+def emulated(profile: str | Path, root: Path) -> EmulatedSetup:
     node = EmulatedNode.create(profile, root / "host")
     with node.nvml():
         inventory = discover(node.host, logging.getLogger("test.discover"))

@@ -9,7 +9,6 @@ that took ``/`` as the driver root there published specs with no libraries.
 
 from __future__ import annotations
 
-import platform
 from pathlib import Path
 
 from dra_driver.gpu.cdiedits import EditsBuilder
@@ -70,25 +69,45 @@ def test_tools_and_their_libraries_come_from_the_driver_root(tmp_path: Path) -> 
     assert tools.env == {"LD_LIBRARY_PATH": str(nv / "lib64")}  # lib -> lib64 not twice
 
 
-def test_lib64_libraries_land_where_the_containers_loader_looks(tmp_path: Path) -> None:
+def test_gke_files_keep_their_paths_under_the_root_and_the_hooks_find_them(
+    tmp_path: Path,
+) -> None:
+    """NVIDIA's convention: each file at its host path relative to the driver root
+    (``/usr/local/nvidia/lib64/x`` is ``/lib64/x`` in the container), the SONAME and
+    ``libcuda.so`` links made by ``create-symlinks`` and ``/lib64`` added to the
+    container's ld cache by ``update-ldcache``, whose loader need not search there."""
     nv = gke_node(tmp_path)
     host = HostPaths(root=tmp_path, driver_root=nv)
     view = HostPaths(root=Path("/"), driver_root=Path("/usr/local/nvidia"))
-    edits = EditsBuilder(host=host, driver_version=VERSION, runtime_host=view, majors=MAJORS)
-    mounts = {m.container_path: m.host_path for m in edits.common().mounts}
-    arch = {"aarch64": "aarch64-linux-gnu"}.get(platform.machine(), "x86_64-linux-gnu")
-    lib = f"/usr/lib/{arch}"
+    hook = Path("/var/lib/kubelet/plugins/gpu.nvidia.com/nvidia-cdi-hook")
+    edits = EditsBuilder(
+        host=host, driver_version=VERSION, hook=hook, runtime_host=view, majors=MAJORS
+    ).common()
+    mounts = {m.container_path: m.host_path for m in edits.mounts}
     assert mounts == {
-        f"{lib}/libcuda.so.1": "/usr/local/nvidia/lib64/libcuda.so.1",
-        f"{lib}/libcuda.so.{VERSION}": f"/usr/local/nvidia/lib64/libcuda.so.{VERSION}",
-        f"{lib}/libnvidia-ml.so.1": "/usr/local/nvidia/lib64/libnvidia-ml.so.1",
-        f"{lib}/libnvidia-ml.so.{VERSION}": f"/usr/local/nvidia/lib64/libnvidia-ml.so.{VERSION}",
-        f"{lib}/libnvidia-ptxjitcompiler.so.1": "/usr/local/nvidia/lib64/"
-        "libnvidia-ptxjitcompiler.so.1",
-        f"{lib}/libnvidia-ptxjitcompiler.so.{VERSION}": "/usr/local/nvidia/lib64/"
+        f"/lib64/libcuda.so.{VERSION}": f"/usr/local/nvidia/lib64/libcuda.so.{VERSION}",
+        f"/lib64/libnvidia-ml.so.{VERSION}": f"/usr/local/nvidia/lib64/libnvidia-ml.so.{VERSION}",
+        f"/lib64/libnvidia-ptxjitcompiler.so.{VERSION}": "/usr/local/nvidia/lib64/"
         f"libnvidia-ptxjitcompiler.so.{VERSION}",
-        "/usr/bin/nvidia-smi": "/usr/local/nvidia/bin/nvidia-smi",
-        "/usr/bin/nvidia-cuda-mps-control": "/usr/local/nvidia/bin/nvidia-cuda-mps-control",
-        f"/lib/firmware/nvidia/{VERSION}/gsp_ga10x.bin": "/usr/local/nvidia/firmware/nvidia/"
+        "/bin/nvidia-smi": "/usr/local/nvidia/bin/nvidia-smi",
+        "/bin/nvidia-cuda-mps-control": "/usr/local/nvidia/bin/nvidia-cuda-mps-control",
+        f"/firmware/nvidia/{VERSION}/gsp_ga10x.bin": "/usr/local/nvidia/firmware/nvidia/"
         f"{VERSION}/gsp_ga10x.bin",
     }
+    assert "NVIDIA_CTK_LIBCUDA_DIR=/lib64" in edits.env
+    by_name = {h.args[1]: h for h in edits.hooks}
+    assert [h.args[1] for h in edits.hooks] == [
+        "create-symlinks", "enable-cuda-compat", "update-ldcache",
+        "disable-device-node-modification",
+    ]  # fmt: skip
+    assert all(h.path == str(hook) and h.hook_name == "createContainer" for h in edits.hooks)
+    links = by_name["create-symlinks"].args[2:]
+    assert sorted(links[1::2]) == sorted([
+        f"libcuda.so.{VERSION}::/lib64/libcuda.so.1",
+        f"libnvidia-ml.so.{VERSION}::/lib64/libnvidia-ml.so.1",
+        f"libnvidia-ptxjitcompiler.so.{VERSION}::/lib64/libnvidia-ptxjitcompiler.so.1",
+        "libcuda.so.1::/lib64/libcuda.so",
+    ])  # fmt: skip
+    assert set(links[0::2]) == {"--link"}
+    assert by_name["update-ldcache"].args[2:] == ("--folder", "/lib64")
+    assert by_name["enable-cuda-compat"].args[2:] == (f"--host-driver-version={VERSION}",)

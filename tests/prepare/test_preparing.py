@@ -60,7 +60,8 @@ def test_one_gpu_result_spec_and_checkpoint(node: Node) -> None:
         "permissions": "rwm",
     }
     common = spec["containerEdits"]
-    assert common["env"] == ["NVIDIA_VISIBLE_DEVICES=void"]
+    lib = "/usr/lib/x86_64-linux-gnu"
+    assert common["env"] == ["NVIDIA_VISIBLE_DEVICES=void", f"NVIDIA_CTK_LIBCUDA_DIR={lib}"]
     ctl = {n["path"]: (n["major"], n["minor"]) for n in common["deviceNodes"]}
     assert ctl == {
         "/dev/nvidiactl": (195, 255),
@@ -68,16 +69,23 @@ def test_one_gpu_result_spec_and_checkpoint(node: Node) -> None:
         "/dev/nvidia-uvm-tools": (511, 1),
     }
     mounts = {m["containerPath"]: m for m in common["mounts"]}
-    lib = "/usr/lib/x86_64-linux-gnu"
     assert f"{lib}/libcuda.so.580.95.05" in mounts
-    assert f"{lib}/libcuda.so.1" in mounts  # SONAME link: no ldconfig hook needed
+    assert f"{lib}/libcuda.so.1" not in mounts  # a link the create-symlinks hook makes
     assert f"{lib}/libunrelated.so.2" not in mounts
     assert "/usr/bin/nvidia-smi" in mounts
     assert "/lib/firmware/nvidia/580.95.05/gsp_ga10x.bin" in mounts
     assert all(m["options"][0] == "ro" for m in mounts.values())
-    assert mounts[f"{lib}/libcuda.so.1"]["hostPath"] == str(
-        node.host.driver(lib[1:], "libcuda.so.1")
+    assert mounts[f"{lib}/libcuda.so.580.95.05"]["hostPath"] == str(
+        node.host.driver(lib[1:], "libcuda.so.580.95.05")
     )
+    hooks = {h["args"][1]: h["args"][2:] for h in common["hooks"]}
+    assert list(hooks) == [
+        "create-symlinks", "enable-cuda-compat", "update-ldcache",
+        "disable-device-node-modification",
+    ]  # fmt: skip
+    assert f"libcuda.so.580.95.05::{lib}/libcuda.so.1" in hooks["create-symlinks"]
+    assert f"libcuda.so.1::{lib}/libcuda.so" in hooks["create-symlinks"]
+    assert hooks["update-ldcache"] == ["--folder", lib]
 
     cp = checkpoint(node)
     entry = cp["claims"][UID]

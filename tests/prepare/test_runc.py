@@ -15,30 +15,12 @@ from pathlib import Path
 import pytest
 
 from dra_driver.plugin.claims import AllocatedDevice, Claim, ClaimRef, OpaqueConfig
+from tests.conftest import cdi_hook
+from tests.prepare.conftest import need
 from tests.prepare.emulated import GOLDEN_DIR, emulated
 
 REPO = Path(__file__).parents[2]
 pytestmark = [pytest.mark.go, pytest.mark.runc]
-
-
-@pytest.fixture(scope="module")
-def harness() -> Path:
-    done = subprocess.run(
-        [str(REPO / "scripts" / "build-cdi-harness.sh")],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if done.returncode != 0:
-        pytest.fail(f"building the CDI harness failed:\n{done.stderr}", pytrace=False)
-    return Path(done.stdout.strip())
-
-
-def need(tool: str) -> str:
-    path = shutil.which(tool)
-    if path is None:
-        pytest.fail(f"{tool} not installed (apt-get install runc busybox-static)", pytrace=False)
-    return path
 
 
 @pytest.mark.parametrize("golden", sorted(GOLDEN_DIR.glob("*.json")), ids=lambda p: p.stem)
@@ -125,7 +107,7 @@ def test_container_sees_exactly_its_devices_env_and_mounts(harness: Path, tmp_pa
         devices=(AllocatedDevice("full", "node", gpu), AllocatedDevice("part", "node", mig)),
         configs=(mps,),
     )
-    preparer = setup.preparer()
+    preparer = setup.preparer(cdi_hook())
     result = preparer.prepare(claim)
     ids = [i for d in result for i in d.cdi_device_ids]
     spec = json.loads(next(setup.cdi_dir.iterdir()).read_text())
