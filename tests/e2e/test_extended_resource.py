@@ -17,6 +17,7 @@ from dra_driver.devcluster import Cluster, wait_until
 from dra_driver.devcluster.binaries import NodeBinaries
 from tests.e2e.conftest import real_gpu_node
 from tests.e2e.scenarios import EXAMPLES, container_env, gpu_device_nodes, plugin_records
+from tests.images import MULTIARCH
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +58,10 @@ def test_plain_pod_asking_for_nvidia_com_gpu_gets_one_gpu(
     out = run.containers["main"]
     assert out.returncode is None, out.stdout
     assert gpu_device_nodes(out.stdout) == [f"/dev/nvidia{device.removeprefix('gpu-')}"]
-    assert container_env(out.stdout) == {"NVIDIA_VISIBLE_DEVICES": "void"}
+    assert container_env(out.stdout) == {
+        "NVIDIA_VISIBLE_DEVICES": "void",
+        "NVIDIA_CTK_LIBCUDA_DIR": f"/usr/lib/{MULTIARCH}",  # as NVIDIA's specs set it
+    }
 
     node.delete_pod(ns, "plain-gpu-pod")
     wait_until(lambda: node.cdi_specs() == {}, timeout=30, what="CDI spec removed")

@@ -17,6 +17,7 @@ from dra_driver.gpu.hostpaths import HostPaths, find_driver_root
 from dra_driver.gpu.inventory import Inventory
 from dra_driver.gpu.preparing import ClaimPreparer
 from dra_driver.gpu.sharing import GpuTools
+from tests.realgpu.realhost import tool
 
 log = logging.getLogger("test.realgpu")
 
@@ -48,9 +49,16 @@ def state_dir() -> Iterator[Path]:
     shutil.rmtree(state, ignore_errors=True)
 
 
+@pytest.fixture(scope="module")
+def cdi_hook() -> Path:
+    """NVIDIA's nvidia-cdi-hook the specs name (carried in $DRA_GPU_TOOLS, built here by
+    scripts/build-cdi-hook.sh): the runtime runs it for every container from a spec."""
+    return Path(tool("nvidia-cdi-hook"))
+
+
 @pytest.fixture
 def preparer(
-    host: HostPaths, tools: GpuTools, tmp_path: Path, state_dir: Path
+    host: HostPaths, tools: GpuTools, tmp_path: Path, state_dir: Path, cdi_hook: Path
 ) -> Iterator[ClaimPreparer]:
     p = ClaimPreparer(
         driver_name="gpu.nvidia.com",
@@ -60,6 +68,7 @@ def preparer(
         state_dir=state_dir,
         logger=log,
         tools=tools,
+        cdi_hook=cdi_hook,
     )
     yield p
     for ref in p.prepared_claims():  # never leave a policy or daemon behind

@@ -6,12 +6,15 @@ from __future__ import annotations
 import json
 import os
 import select
+import shutil
 import subprocess
 import sys
 import time
 import uuid
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from dra_driver.gpu.sharing import GpuTools
 from dra_driver.plugin.claims import Claim
@@ -27,6 +30,16 @@ def sh(*argv: str, env: dict[str, str] | None = None, timeout: float = 60) -> st
     )
     assert done.returncode == 0, f"{argv}: rc={done.returncode}\n{done.stdout}\n{done.stderr}"
     return done.stdout
+
+
+def tool(name: str) -> str:
+    """``name`` from ``$DRA_GPU_TOOLS`` (a dir carried to the GPU node) or ``PATH``."""
+    where = os.environ.get("DRA_GPU_TOOLS")
+    path = Path(where) / name if where else None
+    found = str(path) if path and path.exists() else shutil.which(name)
+    if found is None:
+        pytest.fail(f"{name} not found (set DRA_GPU_TOOLS or install it)", pytrace=False)
+    return found
 
 
 def record(name: str, text: str) -> None:

@@ -39,6 +39,7 @@ from tests.realgpu.realhost import (
     sh,
     smi,
     spec_of,
+    tool,
 )
 
 REPO = Path(__file__).parents[2]
@@ -169,20 +170,14 @@ def test_prepare_uses_the_hosts_device_nodes_and_driver_files(
     mounts = {m["containerPath"]: m["hostPath"] for m in spec["containerEdits"]["mounts"]}
     assert any("libcuda.so" in c for c in mounts), mounts
     assert any("libnvidia-ml.so" in c for c in mounts), mounts
-    assert "/usr/bin/nvidia-smi" in mounts
+    assert any(c.endswith("/bin/nvidia-smi") for c in mounts), mounts  # relative to the root
+    hooks = [h["args"][1] for h in spec["containerEdits"]["hooks"]]
+    assert hooks == ["create-symlinks", "enable-cuda-compat", "update-ldcache",
+                     "disable-device-node-modification"]  # fmt: skip
     assert all(Path(h).exists() for h in mounts.values())
     assert prepared.cdi_device_ids[0].startswith("k8s.gpu.nvidia.com/claim=")
     preparer.unprepare(c.ref)
     assert list((tmp_path / "cdi").iterdir()) == []
-
-
-def tool(name: str) -> str:
-    where = os.environ.get("DRA_GPU_TOOLS")
-    path = Path(where) / name if where else None
-    found = str(path) if path and path.exists() else shutil.which(name)
-    if found is None:
-        pytest.fail(f"{name} not found (set DRA_GPU_TOOLS or install it)", pytrace=False)
-    return found
 
 
 def cdi_harness() -> str:
@@ -223,9 +218,12 @@ def test_container_runs_nvidia_smi_on_exactly_its_gpu(
     sh(runc, "spec", "--bundle", str(bundle))
     base = json.loads((bundle / "config.json").read_text())
     base["process"]["terminal"] = False
+    spec = spec_of(tmp_path / "cdi")
+    (smi_path,) = [m["containerPath"] for m in spec["containerEdits"]["mounts"]
+                   if m["containerPath"].endswith("/nvidia-smi")]  # fmt: skip
     base["process"]["args"] = [
         "/bin/sh", "-c",
-        "ls /dev | grep -E '^nvidia'; /usr/bin/nvidia-smi --query-gpu=uuid,name "
+        f"ls /dev | grep -E '^nvidia'; {smi_path} --query-gpu=uuid,name "
         "--format=csv,noheader; echo rc=$?",
     ]  # fmt: skip
     (bundle / "base.json").write_text(json.dumps(base))
@@ -240,6 +238,7 @@ def test_container_runs_nvidia_smi_on_exactly_its_gpu(
     assert not others & set(out.split()), out
 
 
+@pytest.mark.changes_gpu_settings
 def test_time_slicing_is_set_and_restored(
     preparer: ClaimPreparer, inventory: Inventory, tools: GpuTools
 ) -> None:
@@ -256,6 +255,7 @@ def test_time_slicing_is_set_and_restored(
     assert re.search(r"Timeslice\s+Default", after), after
 
 
+@pytest.mark.changes_gpu_settings
 def test_mps_daemon_serves_a_cuda_client_and_is_gone_after_unprepare(
     preparer: ClaimPreparer, inventory: Inventory, tools: GpuTools, tmp_path: Path,
     state_dir: Path,

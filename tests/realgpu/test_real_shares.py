@@ -37,6 +37,7 @@ from tests.realgpu.realhost import (
 OOM = 2  # CUDA_ERROR_OUT_OF_MEMORY
 
 
+@pytest.mark.changes_gpu_settings
 def test_two_mps_clients_with_different_limits_on_one_gpu(
     preparer: ClaimPreparer, inventory: Inventory, tools: GpuTools, tmp_path: Path,
     state_dir: Path,
@@ -81,6 +82,7 @@ def test_two_mps_clients_with_different_limits_on_one_gpu(
     assert_nothing_left(tools, gpu.index, state_dir, [pipe])
 
 
+@pytest.mark.changes_gpu_settings
 def test_fractional_share_on_this_driver(
     preparer: ClaimPreparer, inventory: Inventory, tools: GpuTools, state_dir: Path
 ) -> None:
@@ -98,6 +100,7 @@ def test_fractional_share_on_this_driver(
     assert_nothing_left(tools, gpu.index, state_dir, [])
 
 
+@pytest.mark.changes_gpu_settings
 def test_share_daemons_side_by_side(
     preparer: ClaimPreparer, inventory: Inventory, tools: GpuTools, tmp_path: Path,
     state_dir: Path, monkeypatch: pytest.MonkeyPatch,
