@@ -58,7 +58,7 @@ def main() -> int:
     from dra_driver.devcluster import Cluster, find_binaries, wait_until
     from dra_driver.gpu.emulation import EmulatedNode
     from dra_driver.plugin._proto import health_v1_pb2, health_v1_pb2_grpc
-    from dra_driver.plugin.kubeclient import KubeClient, KubeError, load_kubeconfig
+    from dra_driver.plugin.kubeclient import KubeClient, KubeError
     from tests.plugin.clusterkit import apply_rbac, node_bound_kubeconfig
 
     work = Path(tempfile.mkdtemp(prefix="dra-bench-h-", dir="/tmp"))
@@ -78,7 +78,7 @@ def main() -> int:
         child = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
                                  env={**os.environ, "DRA_LOG_LEVEL": "warning"})  # fmt: skip
         try:
-            client = KubeClient(load_kubeconfig(cluster.kubeconfig))
+            client = KubeClient.from_kubeconfig(str(cluster.kubeconfig))
             selector = f"spec.nodeName=bench-health,spec.driver={DRIVER}"
 
             def devices() -> int:

@@ -48,6 +48,7 @@ from dra_driver.settings import DaemonSettings
 if TYPE_CHECKING:
     from dra_driver.gpu.driver import GpuDriver
     from dra_driver.gpu.inventory import Inventory
+    from dra_driver.plugin.app import KubeletPlugin
     from dra_driver.plugin.backend import DeviceHealth, PreparedDevice
     from dra_driver.plugin.claimbook import PreparedClaim
     from dra_driver.plugin.claims import Claim, ClaimRef
@@ -157,6 +158,9 @@ def _run(
     )
     stack.callback(plugin.stop, uninstall=settings.uninstall_on_exit)
     plugin.serve()
+    # The API client's library (~0.6 s of imports) loads beside GPU discovery, not
+    # before the sockets; start() waits for it and raises its error, if any.
+    threading.Thread(target=_connect, args=(plugin,), name="kube-connect", daemon=True).start()
     health = None
     if settings.health_port >= 0:
         # Right after the sockets; the probes answer 503 until the GPUs are
@@ -208,6 +212,13 @@ def _run(
                 plugin.republish()
             if interval:
                 next_discovery = time.monotonic() + interval
+
+
+def _connect(plugin: KubeletPlugin) -> None:
+    try:
+        plugin.client.connect()
+    except DriverError:
+        pass  # KubeletPlugin.start() connects again and stops the daemon with this error
 
 
 def _gpu_driver(settings: DaemonSettings, stack: ExitStack, registry: Registry) -> GpuDriver:

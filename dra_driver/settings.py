@@ -172,7 +172,6 @@ def daemon_settings(args: argparse.Namespace) -> DaemonSettings:
         kubeconfig=args.kubeconfig,
         kube_context=args.context,
         claim_status=args.claim_status,
-        api_http2=args.api_http2,
     )
     gpu = GpuSettings(
         cdi_dir=args.cdi_dir,

@@ -181,13 +181,19 @@ def test_env_variables_set_defaults_and_flags_win() -> None:
         "DRA_HEALTH_PORT": "8080",
         "DRA_LOG_LEVEL": "debug",
         "DRA_ROLLING_UPDATE_UID": "",  # empty: unset, as a DaemonSet may render it
-        "DRA_API_HTTP2": "false",
+        "DRA_CDI_HOOK_SOURCE": "none",
     }
     parser = build_parser(_load_commands(), environ=environ)
     args = parser.parse_args(["kubelet-plugin"])
-    assert daemon_settings(args).plugin.api_http2 is False
-    args = parser.parse_args(["kubelet-plugin", "--api-http2=true"])
-    assert daemon_settings(args).plugin.api_http2 is True
+    gpu = daemon_settings(args).gpu
+    hook = Path("/var/lib/kubelet/plugins/gpu.nvidia.com/nvidia-cdi-hook")
+    assert (gpu.cdi_hook_path, gpu.cdi_hook_local_path, gpu.cdi_hook_source) == (hook, hook, None)
+    args = parser.parse_args(["kubelet-plugin", "--cdi-hook-source=/opt/hook",
+                              "--cdi-hook-path=/usr/bin/nvidia-cdi-hook"])  # fmt: skip
+    gpu = daemon_settings(args).gpu
+    assert (gpu.cdi_hook_path, gpu.cdi_hook_source) == (
+        Path("/usr/bin/nvidia-cdi-hook"), Path("/opt/hook"),
+    )  # fmt: skip
     args = parser.parse_args(["kubelet-plugin"])
     assert (args.node_name, str(args.cdi_dir), args.taint_degraded) == (
         "node-7",

@@ -106,7 +106,7 @@ def start_daemon(api: FakeApiServer) -> Iterator[Any]:
                     "apiVersion": "v1",
                     "kind": "Config",
                     "current-context": "c",
-                    "clusters": [{"name": "c", "cluster": {"server": api.config.server}}],
+                    "clusters": [{"name": "c", "cluster": {"server": api.server}}],
                     "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
                     "users": [{"name": "u", "user": {"token": "t"}}],
                 }

@@ -176,14 +176,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(default %(default)g)",
     )
     parser.add_argument(
-        "--api-http2",
-        type=observability.boolean,
-        default="false",
-        help="GETs to the API server over one HTTP/2 connection when the server offers "
-        "it, as client-go's (less API server CPU and sockets; experimental: the "
-        "plugin's RSS is not yet flat over 10,000 prepares with it) (default %(default)s)",
-    )
-    parser.add_argument(
         "--nvidia-smi",
         type=Path,
         default=None,

@@ -17,7 +17,8 @@ Usage::
 
 What :class:`KubeletPlugin` builds (every component in its constructor, no globals):
 a :class:`~dra_driver.plugin.kubeclient.KubeClient` (kubeconfig file or the
-in-cluster service account), one gRPC server that serves the registration
+in-cluster service account; connected in :meth:`KubeletPlugin.start`, after the
+sockets serve), one gRPC server that serves the registration
 service and DRA node service v1 + v1beta1 and health v1 + v1alpha1 on two
 sockets (see :mod:`dra_driver.plugin.sockets`), the
 :class:`~dra_driver.plugin.publishing.SlicePublisher` and the
@@ -57,7 +58,7 @@ from dra_driver.plugin.claimevents import ClaimActivity
 from dra_driver.plugin.claimstatus import ClaimStatusWriter, DeviceStatusReporter
 from dra_driver.plugin.cleanup import StaleClaimCleaner
 from dra_driver.plugin.health import HealthHub, add_health_services
-from dra_driver.plugin.kubeclient import KubeClient, KubeConfig, load_in_cluster, load_kubeconfig
+from dra_driver.plugin.kubeclient import KubeClient
 from dra_driver.plugin.nodeservice import add_node_services
 from dra_driver.plugin.preparing import ClaimService
 from dra_driver.plugin.publishing import PublishStatus, SlicePublisher
@@ -117,17 +118,6 @@ class PluginSettings:
     """gRPC handler threads; each open health stream holds one."""
     api_timeout_s: float = 10.0
     """Per-request API server timeout."""
-    api_connections: int = 4
-    """API requests at once (watches aside), each on its own kept-alive connection; more
-    wait for a free one (a request that waited 0.25 s goes ahead on a connection of its
-    own). A claim GET holds one for about a millisecond, while every connection opened
-    costs a TLS handshake under the GIL and a socket on the API server."""
-    api_http2: bool = False
-    """GETs over one HTTP/2 connection where the server offers ``h2`` (ALPN): the API
-    server spends less CPU on them and holds one socket for this node's GETs instead of
-    up to ``api_connections``; writes and watches stay on HTTP/1.1. Off by default until
-    the plugin's RSS is flat with it (README "Benchmarks": +1.4-2 MB over 10,000
-    prepare+unprepare cycles, against flat over HTTP/1.1)."""
     claim_status: bool = True
     """Write our devices into each prepared claim's ``status.devices`` (KEP-4817); needs
     RBAC on ``resourceclaims/status`` and ``resourceclaims/driver`` (deploy/rbac)."""
@@ -192,13 +182,14 @@ class KubeletPlugin:
         backend: DeviceBackend,
         logger: logging.Logger,
         environ: Mapping[str, str] | None = None,
-        kube_config: KubeConfig | None = None,
+        client: KubeClient | None = None,
         registry: Registry | None = None,
         on_fatal: Callable[[str], None] | None = None,
     ) -> None:
         """Builds every component (nothing runs until :meth:`serve` / :meth:`start`).
 
-        ``environ`` is only read for in-cluster config; ``kube_config`` overrides both.
+        ``environ`` is only read for in-cluster config; ``client`` overrides both (its
+        :meth:`~dra_driver.plugin.kubeclient.KubeClient.connect` runs in :meth:`start`).
         ``registry``: where the plugin's metrics go (see :mod:`dra_driver.plugin.metrics`);
         None keeps none, or gives them later (:meth:`add_metrics`). ``on_fatal`` is
         called (from the failing thread) when a background thread dies; :meth:`readiness`
@@ -209,7 +200,6 @@ class KubeletPlugin:
         self._backend = backend
         self._log = logger
         self._environ = dict(environ or {})
-        self._kube_config = kube_config
         self._on_fatal = on_fatal
         self._fatal = ""
         self._serving = False
@@ -221,12 +211,7 @@ class KubeletPlugin:
             rolling_update_uid=settings.rolling_update_uid,
         )
         self._registration = RegistrationState()
-        client = self._client = KubeClient(
-            self._config(),
-            timeout_s=s.api_timeout_s,
-            connections=s.api_connections,
-            http2=s.api_http2,
-        )
+        client = self._client = client or self._make_client()
         book = self.claims = PreparedClaimBook(
             driver_name=s.driver_name,
             pool_name=s.node_name,
@@ -291,12 +276,21 @@ class KubeletPlugin:
 
     # -- wiring ----------------------------------------------------------------
 
-    def _config(self) -> KubeConfig:
-        if self._kube_config is not None:
-            return self._kube_config
-        if self.settings.kubeconfig is not None:
-            return load_kubeconfig(str(self.settings.kubeconfig), self.settings.kube_context)
-        return load_in_cluster(self._environ)
+    def _make_client(self) -> KubeClient:
+        """Not connected yet (that imports the library: after :meth:`serve`). Its pool
+        holds a connection for every gRPC worker (each may GET a claim at once) and for
+        the background threads (publisher, watch, claim keeper, cleaner)."""
+        s = self.settings
+        timeout, size = s.api_timeout_s, s.grpc_workers + 4
+        if s.kubeconfig is not None:
+            return KubeClient.from_kubeconfig(
+                str(s.kubeconfig), s.kube_context, timeout_s=timeout, pool_size=size
+            )
+        return KubeClient.in_cluster(self._environ, timeout_s=timeout, pool_size=size)
+
+    @property
+    def client(self) -> KubeClient:
+        return self._client
 
     def _device_health(self) -> list[DeviceHealth]:
         if isinstance(self._backend, HealthReporter):
@@ -388,6 +382,7 @@ class KubeletPlugin:
         """:meth:`serve` (if not yet), then publish slices, clean up stale claims, keep
         the prepared claims' status and start the backend's background work."""
         self.serve()
+        self._client.connect()  # if not done yet: bad credentials fail the start here
         self._started = True
         if self.metrics is not None:
             self._watch_state(self.metrics)

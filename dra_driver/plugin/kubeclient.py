@@ -1,17 +1,22 @@
-"""A small JSON client for the few API calls the kubelet plugin makes.
+"""The API server calls the kubelet plugin makes, through the ``kubernetes`` client.
 
-Why not ``kubernetes.client``: importing it loads every generated model (about
-37 MB and 0.6 s, see docs/footprint.md) in a daemon that runs on every GPU node.
-This module speaks plain JSON dicts over kept-alive connections
-(:mod:`dra_driver.plugin.httpconn`, made at the first request); the
-credentials (:mod:`dra_driver.plugin.kubecreds`: kubeconfig lists and contexts,
-certificates, tokens, exec plugins, in-cluster) are followed as they rotate: a
-changed client certificate file or exec certificate opens new connections, and
-an exec token the server refuses (401) is fetched again once.
+Everything below the calls is the library's: the in-cluster configuration (the
+projected service-account token, re-read as it rotates), kubeconfig files
+(``:``-joined lists, contexts, client certificates, exec credential plugins whose
+credentials are fetched again when they expire), TLS, and urllib3's connection
+pool, sized for the gRPC workers that GET claims at once. What stays here is a
+facade of the eight calls the plugin makes, on plain dicts: the library's REST
+client serializes and sends them (``ApiClient.param_serialize`` / ``call_api``),
+and only our JSON bodies are decoded, never its generated models.
+
+Importing the library loads every generated model (~0.6 s, ~36 MB, see
+docs/footprint.md). :meth:`KubeClient.connect` does that; the daemon calls it once
+its sockets are served, and a call made before it waits for it.
 
 Errors (all raised ``from`` the original cause)::
 
     KubeError
+    ├── KubeConfigError         credentials cannot be loaded (which file, what)
     ├── KubeConnectionError     transport failure, timeout, bad TLS
     └── KubeApiError            non-2xx answer; .status, .reason, .message
         ├── NotFoundError       404
@@ -21,49 +26,32 @@ Errors (all raised ``from`` the original cause)::
 from __future__ import annotations
 
 import json
-import os
-import ssl
+import shutil
+import tempfile
 import threading
-import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote, urlencode
 
-from dra_driver.plugin.httpconn import HttpError, HttpPool, Stream
-from dra_driver.plugin.kubecreds import (
-    IN_CLUSTER_SA_DIR,
-    ExecPlugin,
-    KubeConfig,
-    KubeConfigError,
-    KubeError,
-    load_in_cluster,
-    load_kubeconfig,
-)
-
-__all__ = [
-    "IN_CLUSTER_SA_DIR",
-    "ConflictError",
-    "KubeApiError",
-    "KubeClient",
-    "KubeConfig",
-    "KubeConfigError",
-    "KubeConnectionError",
-    "KubeError",
-    "NotFoundError",
-    "Watch",
-    "load_in_cluster",
-    "load_kubeconfig",
-]
-
+from dra_driver.errors import DriverError
 
 RESOURCE_API = "/apis/resource.k8s.io/v1"
-TOKEN_REREAD_S = 60.0
-"""Projected service-account tokens rotate; re-read the file at most this often."""
-CERT_RECHECK_S = 10.0
-"""Client certificate files are checked for a rotation at most this often."""
+IN_CLUSTER_SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+USER_AGENT = "dra-driver-plugin"
 
 Obj = dict[str, Any]
+Configure = Callable[[Any, Path], None]
+"""Fills a ``kubernetes.client.Configuration``; the path is a private (0700) dir for
+the certificate files the library writes from inline kubeconfig data."""
+
+
+class KubeError(DriverError):
+    """Any failure talking to the API server."""
+
+
+class KubeConfigError(KubeError):
+    """Credentials could not be loaded; names the file and the missing piece."""
 
 
 class KubeConnectionError(KubeError):
@@ -88,166 +76,130 @@ class ConflictError(KubeApiError):
     pass
 
 
-def _ssl_context(
-    config: KubeConfig, cert_pem: str | None, key_pem: str | None, *, http2: bool = False
-) -> ssl.SSLContext:
-    """``http2``: offer ``h2`` by ALPN (a context without ALPN gets HTTP/1.1 from any
-    server; ALPN is set per context, so each protocol needs its own)."""
-    ctx = (
-        ssl.create_default_context(cadata=config.ca_pem)
-        if config.ca_pem
-        else (ssl.create_default_context())
-    )
-    if config.insecure_skip_tls_verify:
-        ctx.check_hostname = False
-        ctx.verify_mode = ssl.CERT_NONE
-    if cert_pem and key_pem:
-        _load_key_pair(ctx, cert_pem, key_pem)
-    if http2:
-        ctx.set_alpn_protocols(["h2", "http/1.1"])
-    return ctx
-
-
-def _load_key_pair(ctx: ssl.SSLContext, cert_pem: str, key_pem: str) -> None:
-    """ssl loads key pairs only from paths: these are anonymous memory files
-    (``memfd_create``) opened through ``/proc/self/fd``, so the private key never
-    touches a filesystem, not even a private temp dir for a moment."""
-    fds: list[int] = []
-    try:
-        for name, pem in (("kubeclient-cert", cert_pem), ("kubeclient-key", key_pem)):
-            fd = os.memfd_create(name, os.MFD_CLOEXEC)
-            fds.append(fd)
-            data = memoryview(pem.encode())
-            while data:
-                data = data[os.write(fd, data) :]
-        ctx.load_cert_chain(f"/proc/self/fd/{fds[0]}", f"/proc/self/fd/{fds[1]}")
-    finally:
-        for fd in fds:
-            os.close(fd)
-
-
 class KubeClient:
-    """Thread-safe; one pooled connection set shared by all callers."""
+    """Thread-safe; one connection pool shared by all callers, made by :meth:`connect`."""
 
     def __init__(
-        self,
-        config: KubeConfig,
-        *,
-        timeout_s: float = 10.0,
-        connections: int = 4,
-        http2: bool = False,
+        self, configure: Configure, *, what: str, timeout_s: float = 10.0, pool_size: int = 20
     ) -> None:
-        self._config = config
+        """Prefer :meth:`in_cluster`, :meth:`from_kubeconfig` or :meth:`for_server`.
+        ``what`` names the credentials in errors; ``pool_size`` is how many requests may
+        hold a connection at once (more wait for one)."""
+        if pool_size < 1:
+            raise ValueError(f"pool_size: {pool_size}; want at least 1")
+        self._configure = configure
+        self._what = what
         self._timeout_s = timeout_s
-        if connections < 1:
-            raise ValueError(f"connections: {connections}; want at least 1")
-        self._connections = connections
-        self._exec = ExecPlugin(config.exec, config.server, config.ca_pem) if config.exec else None
-        self._token_lock = threading.Lock()
-        self._token: str | None = config.token
-        self._token_read_at = 0.0
-        self._cert_lock = threading.Lock()
-        self._cert_pems = (config.client_cert_pem, config.client_key_pem)
-        self._cert_files = _stat(config.client_cert_file, config.client_key_file)
-        self._cert_checked_at = time.monotonic()
-        if self._exec is not None:
-            cred = self._exec.credential()
-            if cred.cert_pem:
-                self._cert_pems = (cred.cert_pem, cred.key_pem)
-        self._ssl = _ssl_context(config, *self._cert_pems)  # bad TLS material fails here
-        self._ssl_h2 = _ssl_context(config, *self._cert_pems, http2=True) if http2 else None
-        self._pool_now: HttpPool | None = None
+        self._pool_size = pool_size
+        self._lock = threading.Lock()
+        self._api: Any = None
+        self._tmp: Path | None = None
 
-    @property
-    def _http(self) -> HttpPool:
-        """The connection pool, made at the first request."""
-        pool = self._pool_now
-        if pool is None:
-            with self._cert_lock:
-                if self._pool_now is None:
-                    self._pool_now = self._pool()
-                pool = self._pool_now
-        return pool
+    @classmethod
+    def in_cluster(
+        cls, environ: Mapping[str, str], sa_dir: Path = IN_CLUSTER_SA_DIR, **kw: Any
+    ) -> KubeClient:
+        """The pod's service account: ``KUBERNETES_SERVICE_HOST``/``_PORT`` from
+        ``environ`` (not this process's environment), its token re-read as it rotates."""
 
-    def _pool(self) -> HttpPool:
-        return HttpPool(
-            self._config.server,
-            ssl_context=self._ssl,
-            connections=self._connections,
-            http2_ssl_context=self._ssl_h2,
-        )
+        def configure(cfg: Any, _tmp: Path) -> None:
+            from kubernetes.config.incluster_config import InClusterConfigLoader
 
-    def _use_cert(self, pems: tuple[str | None, str | None]) -> None:
-        """Switch to another client certificate: new connections from now on."""
-        with self._cert_lock:
-            if pems == self._cert_pems:
-                return
-            self._cert_pems = pems
-            self._ssl = _ssl_context(self._config, *pems)
-            if self._ssl_h2 is not None:
-                self._ssl_h2 = _ssl_context(self._config, *pems, http2=True)
-            old, self._pool_now = self._pool_now, self._pool()
-        if old is not None:
-            old.close()
+            loader = InClusterConfigLoader(  # type: ignore[no-untyped-call]
+                token_filename=str(sa_dir / "token"),
+                cert_filename=str(sa_dir / "ca.crt"),
+                environ=dict(environ),
+            )
+            loader.load_and_set(cfg)  # type: ignore[no-untyped-call]
 
-    def _check_cert_files(self) -> None:
-        """Re-read rotated client certificate files (at most every CERT_RECHECK_S)."""
-        cfg = self._config
-        if cfg.client_cert_file is None or cfg.client_key_file is None:
-            return
-        now = time.monotonic()
-        if now - self._cert_checked_at < CERT_RECHECK_S:
-            return
-        self._cert_checked_at = now
-        seen = _stat(cfg.client_cert_file, cfg.client_key_file)
-        if seen == self._cert_files:
-            return
+        return cls(configure, what=f"in-cluster service account ({sa_dir})", **kw)
+
+    @classmethod
+    def from_kubeconfig(cls, paths: str, context: str | None = None, **kw: Any) -> KubeClient:
+        """Kubeconfig file(s), ``:``-joined (the first naming an entry wins), as kubectl
+        reads them; ``context`` None is their current-context."""
+
+        def configure(cfg: Any, tmp: Path) -> None:
+            from kubernetes.config.kube_config import load_kube_config
+
+            load_kube_config(  # type: ignore[no-untyped-call]
+                config_file=paths, context=context, client_configuration=cfg,
+                persist_config=False, temp_file_path=str(tmp),
+            )  # fmt: skip
+            # A tokenFile ending in a newline (as `echo` writes it): kubectl trims it,
+            # the library would send it (its refresh hook sets it before each request),
+            # and urllib3 refuses such a header.
+            refresh = cfg.refresh_api_key_hook
+
+            def trimmed(c: Any) -> None:
+                if refresh is not None:
+                    refresh(c)
+                if "BearerToken" in c.api_key:
+                    c.api_key["BearerToken"] = c.api_key["BearerToken"].strip()
+
+            trimmed(cfg)
+            cfg.refresh_api_key_hook = trimmed
+
+        what = f"kubeconfig {paths}" + (f" (context {context})" if context else "")
+        return cls(configure, what=what, **kw)
+
+    @classmethod
+    def for_server(cls, server: str, *, token: str | None = None, **kw: Any) -> KubeClient:
+        """A server URL and a bearer token (tests and tools)."""
+
+        def configure(cfg: Any, _tmp: Path) -> None:
+            cfg.host = server
+            if token:
+                cfg.api_key = {"BearerToken": f"Bearer {token}"}
+
+        return cls(configure, what=f"server {server}", **kw)
+
+    # -- connection ------------------------------------------------------------
+
+    def connect(self) -> None:
+        """Import the library and load the credentials (once; any thread)."""
+        self._apis()
+
+    def _apis(self) -> Any:
+        api = self._api
+        if api is not None:
+            return api
+        with self._lock:
+            if self._api is None:
+                self._api = self._make()
+            return self._api
+
+    def _make(self) -> Any:
+        import kubernetes.client  # heavy: see the module docstring
+
+        cfg = kubernetes.client.Configuration()
+        self._tmp = Path(tempfile.mkdtemp(prefix="dra-kubeclient-"))
         try:
-            pems = (cfg.client_cert_file.read_text(), cfg.client_key_file.read_text())
-            _ssl_context(cfg, *pems)  # a half-written pair must not replace a good one
-        except (OSError, ssl.SSLError):
-            return
-        self._cert_files = seen
-        self._use_cert(pems)
+            self._configure(cfg, self._tmp)
+        except Exception as exc:  # the loaders raise ConfigException, OSError, ValueError...
+            raise KubeConfigError(f"cannot load the {self._what}: {exc}") from exc
+        if not cfg.host:
+            raise KubeConfigError(f"the {self._what} names no API server")
+        cfg.connection_pool_maxsize = self._pool_size
+        cfg.retries = _retries()
+        api = kubernetes.client.ApiClient(cfg)
+        api.user_agent = USER_AGENT
+        return api
 
     @property
     def server(self) -> str:
-        return self._config.server
+        return str(self._apis().configuration.host)
 
     def close(self) -> None:
-        if self._pool_now is not None:
-            self._pool_now.close()
+        with self._lock:
+            api, self._api = self._api, None
+            tmp, self._tmp = self._tmp, None
+        if api is not None:
+            api.close()
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
 
     # -- plumbing ------------------------------------------------------------
-
-    def _headers(self, *, refresh: bool = False) -> dict[str, str]:
-        headers = {"Accept": "application/json", "User-Agent": "dra-driver-plugin"}
-        token = self._current_token()
-        if self._exec is not None:
-            cred = self._exec.credential(refresh=refresh)
-            token = cred.token or token
-            if cred.cert_pem:
-                self._use_cert((cred.cert_pem, cred.key_pem))
-        if token:
-            headers["Authorization"] = f"Bearer {token}"
-        return headers
-
-    def _current_token(self) -> str | None:
-        path = self._config.token_file
-        if path is None:
-            return self._token
-        with self._token_lock:
-            now = time.monotonic()
-            if self._token is None or now - self._token_read_at > TOKEN_REREAD_S:
-                try:
-                    self._token = path.read_text().strip()
-                except OSError as exc:
-                    raise KubeConfigError(f"cannot read token file {path}: {exc}") from exc
-                self._token_read_at = now
-            return self._token
-
-    def _target(self, path: str, params: Mapping[str, str | int] | None) -> str:
-        return f"{path}?{urlencode(params)}" if params else path
 
     def request(
         self,
@@ -259,27 +211,20 @@ class KubeClient:
         content_type: str = "application/json",
     ) -> Obj:
         """One API call; returns the decoded JSON body or raises a :class:`KubeError`."""
-        self._check_cert_files()
-        data = json.dumps(body).encode() if body is not None else None
-        for attempt in (0, 1):
-            headers = self._headers(refresh=attempt == 1)
-            if data is not None:
-                headers["Content-Type"] = content_type
-            try:
-                resp = self._http.request(
-                    method,
-                    self._target(path, params),
-                    body=data,
-                    headers=headers,
-                    timeout=self._timeout_s,
-                )
-            except HttpError as exc:
-                raise KubeConnectionError(f"{method} {path}: {exc}") from exc
-            if resp.status != 401 or self._exec is None:
-                break  # only an exec credential can be fetched anew
-        return _decode(method, path, resp.status, resp.body)
+        api = self._apis()
+        headers = {"Accept": "application/json"}
+        if body is not None:
+            headers["Content-Type"] = content_type
+        with _errors(method, path):
+            serialized = api.param_serialize(
+                method, path, query_params=list((params or {}).items()), header_params=headers,
+                body=body, auth_settings=["BearerToken"],
+            )  # fmt: skip
+            resp = api.call_api(*serialized[:4], _request_timeout=self._timeout_s)
+            data = resp.read()
+        return _decode(method, path, resp.status, data)
 
-    # -- typed helpers used by the plugin --------------------------------------
+    # -- the calls the plugin makes -----------------------------------------------
 
     def get_resource_claim(self, namespace: str, name: str) -> Obj | None:
         """The claim, or None when it does not exist."""
@@ -300,12 +245,9 @@ class KubeClient:
         )
         try:
             self.request(
-                "PATCH",
-                path,
-                body=body,
-                params={"fieldManager": field_manager, "force": "true"},
+                "PATCH", path, body=body, params={"fieldManager": field_manager, "force": "true"},
                 content_type="application/apply-patch+yaml",
-            )
+            )  # fmt: skip
         except NotFoundError:
             pass
 
@@ -328,11 +270,7 @@ class KubeClient:
         self, name: str, *, uid: str | None = None, resource_version: str | None = None
     ) -> None:
         """Delete with optional preconditions; an already deleted slice is fine."""
-        pre: dict[str, str] = {}
-        if uid:
-            pre["uid"] = uid
-        if resource_version:
-            pre["resourceVersion"] = resource_version
+        pre = {k: v for k, v in (("uid", uid), ("resourceVersion", resource_version)) if v}
         body: Obj = {"kind": "DeleteOptions", "apiVersion": "v1"}
         if pre:
             body["preconditions"] = pre
@@ -344,59 +282,86 @@ class KubeClient:
     def watch_resource_slices(
         self, field_selector: str, resource_version: str, *, timeout_s: int = 300
     ) -> Watch:
-        """Events after ``resource_version``; ends when the server closes (timeout_s)."""
-        params: dict[str, str | int] = {
-            "watch": "1",
-            "fieldSelector": field_selector,
-            "resourceVersion": resource_version,
-            "allowWatchBookmarks": "true",
-            "timeoutSeconds": timeout_s,
-        }
-        target = self._target(f"{RESOURCE_API}/resourceslices", params)
-        try:
-            resp = self._http.stream(
-                target,
-                headers=self._headers(),
-                connect_timeout=self._timeout_s,
-                read_timeout=timeout_s + 30,
-            )
-            if resp.status != 200:
-                _decode("GET", "watch resourceslices", resp.status, resp.body())
-        except HttpError as exc:
-            raise KubeConnectionError(f"watch resourceslices: {exc}") from exc
-        return Watch(resp)
+        """Events after ``resource_version``; ends when the server closes (``timeout_s``)."""
+        api = self._apis()
+        params = [("watch", "true"), ("fieldSelector", field_selector),
+                  ("resourceVersion", resource_version), ("allowWatchBookmarks", "true"),
+                  ("timeoutSeconds", timeout_s)]  # fmt: skip
+        what = f"{RESOURCE_API}/resourceslices?watch"
+        with _errors("GET", what):
+            serialized = api.param_serialize(
+                "GET", f"{RESOURCE_API}/resourceslices", query_params=params,
+                header_params={"Accept": "application/json"}, auth_settings=["BearerToken"],
+            )  # fmt: skip
+            resp = api.call_api(*serialized[:4], _request_timeout=(self._timeout_s, timeout_s + 30))
+        if not 200 <= resp.status < 300:
+            _decode("GET", what, resp.status, resp.read())
+        return Watch(resp.response)
 
 
 class Watch:
-    """Iterator of ``(type, object)``; :meth:`close` from any thread ends it."""
+    """Iterator of ``(type, object)`` over one watch response, lines decoded by the
+    library's own reader; :meth:`close` from any thread ends it at once."""
 
-    def __init__(self, resp: Stream) -> None:
-        self._resp = resp
+    def __init__(self, response: Any) -> None:
+        self._resp = response
 
     def __iter__(self) -> Iterator[tuple[str, Obj]]:
-        buf = b""
+        from kubernetes.watch.watch import iter_resp_lines
+
         try:
-            for chunk in self._resp.chunks():
-                buf += chunk
-                while b"\n" in buf:
-                    line, buf = buf.split(b"\n", 1)
-                    if line.strip():
+            with _errors("GET", "watch resourceslices"):
+                for line in iter_resp_lines(self._resp):  # type: ignore[no-untyped-call]
+                    if line:
                         event = json.loads(line)
                         yield str(event.get("type", "")), dict(event.get("object") or {})
-        except (HttpError, OSError, ValueError) as exc:
-            raise KubeConnectionError(f"watch stream broken: {exc}") from exc
         finally:
-            self._resp.close()
+            self.close()
 
     def close(self) -> None:
-        self._resp.close()
+        try:
+            self._resp.shutdown()  # wakes a read blocked in another thread
+        except RuntimeError:
+            pass  # read to its end already: the connection went back to the pool
+        finally:
+            self._resp.close()  # never back into the pool: the server may still send
+
+
+@contextmanager
+def _errors(method: str, path: str) -> Iterator[None]:
+    """The library's and urllib3's exceptions become ours, in one place."""
+    from kubernetes.client.exceptions import ApiException, ApiValueError
+    from urllib3.exceptions import HTTPError
+
+    try:
+        yield
+    except ApiException as exc:  # status 0: the library's wrapping of a TLS or socket error
+        if not exc.status:
+            raise KubeConnectionError(f"{method} {path}: {exc.reason}") from exc
+        _decode(method, path, int(exc.status), (exc.body or "").encode())
+        raise  # a 2xx ApiException: cannot happen
+    except (HTTPError, OSError) as exc:
+        raise KubeConnectionError(f"{method} {path}: {exc}") from exc
+    except (ApiValueError, ValueError) as exc:
+        raise KubeError(f"{method} {path}: {exc}") from exc
+
+
+def _retries() -> Any:
+    """urllib3's retries: connecting is tried up to three times, and an idempotent
+    request whose kept-alive connection the server had closed is sent once more (so a
+    read that timed out costs twice the timeout); a POST is never sent twice."""
+    from urllib3.util.retry import Retry
+
+    return Retry(total=2, connect=2, read=1, status=0, redirect=0, other=0)
 
 
 def _segment(value: str) -> str:
-    """One URL path segment: every reserved character escaped (``/`` included), and
-    the dot segments that an HTTP stack would resolve refused."""
+    """One URL path segment: the library escapes every reserved character (``/``
+    included); the dot segments an HTTP stack would resolve are refused here."""
     if value in ("", ".", ".."):
         raise KubeError(f"{value!r} cannot be an object name in an API path")
+    from urllib.parse import quote
+
     return quote(value, safe="")
 
 
@@ -412,15 +377,3 @@ def _decode(method: str, path: str, status: int, data: bytes) -> Obj:
     message = f"{method} {path}: {message}"
     cls = {404: NotFoundError, 409: ConflictError}.get(status, KubeApiError)
     raise cls(status, reason, message)
-
-
-def _stat(*paths: Path | None) -> tuple[tuple[int, int], ...]:
-    """(mtime_ns, size) of each file, to notice a rotation."""
-    out = []
-    for path in paths:
-        try:
-            st = path.stat() if path is not None else None
-        except OSError:
-            st = None
-        out.append((st.st_mtime_ns, st.st_size) if st else (0, 0))
-    return tuple(out)

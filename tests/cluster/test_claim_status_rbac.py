@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from dra_driver.devcluster import Cluster
-from dra_driver.plugin.kubeclient import KubeApiError, KubeClient, load_kubeconfig
+from dra_driver.plugin.kubeclient import KubeApiError, KubeClient
 from tests.plugin.clusterkit import apply_rbac, node_bound_kubeconfig, unique
 
 RESOURCE = "/apis/resource.k8s.io/v1"
@@ -49,7 +49,7 @@ def body(claim: dict, driver: str = "gpu.nvidia.com", **status: Any) -> dict:
 def plugin_client(cluster: Cluster) -> tuple[KubeClient, str]:
     apply_rbac(cluster)
     node = cluster.create_node(unique("status-a"))
-    return KubeClient(load_kubeconfig(node_bound_kubeconfig(cluster, node))), node["metadata"][
+    return KubeClient.from_kubeconfig(str(node_bound_kubeconfig(cluster, node))), node["metadata"][
         "name"
     ]
 

@@ -39,7 +39,6 @@ def test_defaults_reach_the_plugin(helm: Path, monkeypatch) -> None:
     assert pod["hostPID"] is True  # usage sampling on by default
     args = plugin_args(pod, monkeypatch)
     assert (args.metrics, args.usage_interval, args.claim_status) == (True, 10.0, True)
-    assert args.api_http2 is False
     policy = observability.health_policy(args)
     assert policy is not None and policy.healthy_period_s == 60 and policy.check_interval_s == 5
     assert policy.ignored_xids == {13, 31, 43, 45, 68, 109}
@@ -52,7 +51,7 @@ def test_values_change_what_the_plugin_does(helm: Path, monkeypatch) -> None:
         helm, "--set", "health.fatalTaintEffect=NoExecute", "--set", "health.ignoredXids={13,74}",
         "--set", "health.healthyPeriodSeconds=300", "--set", "numaAttributeForm=list",
         "--set", "metrics.usageIntervalSeconds=0", "--set", "claimStatus=false",
-        "--set", "health.monitor=false", "--set", "apiHttp2=true",
+        "--set", "health.monitor=false",
     )  # fmt: skip
     pod = daemonset_pod(objs)
     assert "hostPID" not in pod
@@ -60,7 +59,6 @@ def test_values_change_what_the_plugin_does(helm: Path, monkeypatch) -> None:
     assert observability.health_policy(args) is None
     assert (args.usage_interval, args.claim_status, args.numa_attribute_form) == (0, False, "list")
     assert args.ignored_xids == {13, 74} and args.fatal_taint_effect == "NoExecute"
-    assert args.api_http2 is True
 
 
 def test_metrics_service_and_service_monitor(helm: Path) -> None:

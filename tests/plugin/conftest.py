@@ -67,7 +67,7 @@ def start_plugin(short_dir: Path, api: FakeApiServer) -> Iterator[StartPlugin]:
             settings=settings,
             backend=backend,
             logger=logging.getLogger("test.plugin"),
-            kube_config=api.config,
+            client=api.client(),
         )
         plugin.start()
         started.append(plugin)

@@ -23,7 +23,7 @@ from urllib.parse import parse_qs, urlparse
 
 from dra_driver.plugin.backend import DeviceHealth, PreparedDevice, PrepareError
 from dra_driver.plugin.claims import Claim, ClaimRef
-from dra_driver.plugin.kubeclient import KubeConfig
+from dra_driver.plugin.kubeclient import KubeClient
 from dra_driver.plugin.resources import CounterSet, Device, Pool
 
 DRIVER = "gpu.test.example.com"
@@ -165,6 +165,8 @@ class FakeApiServer:
         """Hold every claim GET this long (a slow API server)."""
         self.claim_get_peers: set[tuple[str, int]] = set()
         """Client addresses, one per connection, that carried a claim GET."""
+        self.authorizations: list[str] = []
+        """The Authorization header of every GET, in order."""
         self._rv = 1
         self._lock = threading.Lock()
         server = self
@@ -193,6 +195,7 @@ class FakeApiServer:
             def do_GET(self) -> None:
                 url = urlparse(self.path)
                 server.requests.append(("GET", url.path))
+                server.authorizations.append(self.headers.get("Authorization", ""))
                 if m := re.fullmatch(
                     r"/apis/resource.k8s.io/v1/namespaces/([^/]+)/resourceclaims/([^/]+)", url.path
                 ):
@@ -263,9 +266,12 @@ class FakeApiServer:
         self._httpd.server_close()
 
     @property
-    def config(self) -> KubeConfig:
-        port = self._httpd.server_address[1]
-        return KubeConfig(server=f"http://127.0.0.1:{port}", token="test-token")
+    def server(self) -> str:
+        return f"http://127.0.0.1:{self._httpd.server_address[1]}"
+
+    def client(self, **kw: Any) -> KubeClient:
+        """The plugin's real API client (the ``kubernetes`` library below it), aimed here."""
+        return KubeClient.for_server(self.server, token="test-token", **kw)
 
     def _outage(self) -> bool:
         with self._lock:

@@ -15,7 +15,7 @@ import pytest
 
 from dra_driver.plugin._proto import dra_v1_pb2, dra_v1_pb2_grpc
 from dra_driver.plugin.claims import ClaimError, ClaimRef, validate_ref
-from dra_driver.plugin.kubeclient import KubeClient, KubeError
+from dra_driver.plugin.kubeclient import KubeError
 from tests.plugin.conftest import RunningPlugin, StartPlugin
 from tests.plugin.fakes import DRIVER, FakeApiServer, claim_object
 
@@ -70,7 +70,7 @@ def test_d5_names_that_are_not_kubernetes_names_never_reach_a_path(
 
 
 def test_d5_the_client_escapes_every_path_segment(api: FakeApiServer) -> None:
-    client = KubeClient(api.config)
+    client = api.client()
     try:
         assert client.get_resource_claim("default", "a/../../b") is None
         assert api.requests[-1][1].endswith("/namespaces/default/resourceclaims/a%2F..%2F..%2Fb")

@@ -6,7 +6,6 @@ import logging
 
 from dra_driver.plugin.claims import ClaimRef
 from dra_driver.plugin.cleanup import StaleClaimCleaner
-from dra_driver.plugin.kubeclient import KubeClient
 from dra_driver.plugin.preparing import ClaimService
 from tests.plugin.fakes import DRIVER, FakeApiServer, FakeBackend, claim_object
 
@@ -20,7 +19,7 @@ def test_unprepares_claims_that_are_gone_or_recreated(api: FakeApiServer) -> Non
     api.add_claim(claim_object("again", "66666666-0000-4000-8000-0000000000ff"))
     backend = FakeBackend()
     backend.prepared = {r.uid: r for r in (LIVE, GONE, RECREATED)}
-    client = KubeClient(api.config)
+    client = api.client()
     log = logging.getLogger("test")
     service = ClaimService(
         driver_name=DRIVER,

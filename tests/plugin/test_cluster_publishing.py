@@ -16,7 +16,7 @@ import pytest
 
 from dra_driver.devcluster import Cluster, wait_until
 from dra_driver.plugin._proto import dra_v1_pb2, dra_v1_pb2_grpc
-from dra_driver.plugin.kubeclient import KubeApiError, KubeClient, load_kubeconfig
+from dra_driver.plugin.kubeclient import KubeApiError, KubeClient
 from dra_driver.plugin.resources import (
     Capacity,
     CounterConsumption,
@@ -266,7 +266,7 @@ def test_policy_rejects_writing_another_nodes_slice(
     on_node, _ = running
     _in_sync(on_node)
     other = cluster.create_node(unique("other-node"))
-    client = KubeClient(load_kubeconfig(on_node.kubeconfig))
+    client = KubeClient.from_kubeconfig(str(on_node.kubeconfig))
     foreign: dict[str, Any] = {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceSlice",

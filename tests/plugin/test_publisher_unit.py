@@ -7,7 +7,6 @@ import time
 from typing import Any
 
 from dra_driver.devcluster import wait_until
-from dra_driver.plugin.kubeclient import KubeClient
 from dra_driver.plugin.publishing import SlicePublisher
 from dra_driver.plugin.resources import Device, Pool
 from tests.plugin.fakes import DRIVER, FakeApiServer
@@ -15,7 +14,7 @@ from tests.plugin.fakes import DRIVER, FakeApiServer
 
 def _publisher(api: FakeApiServer, pool: Pool, **kw: Any) -> SlicePublisher:
     return SlicePublisher(
-        client=KubeClient(api.config),
+        client=api.client(),
         driver_name=DRIVER,
         node_name="node-a",
         pool_source=lambda: pool,
