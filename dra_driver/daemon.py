@@ -336,13 +336,17 @@ class LateBackend:
     def unprepare(self, claim: ClaimRef) -> None:
         self._get().unprepare(claim)
 
+    def prepared_devices(self, claim: ClaimRef) -> list[PreparedDevice] | None:
+        return self._get().prepared_devices(claim)
+
     def prepared_claims(self) -> list[ClaimRef]:
         return self._get().prepared_claims()
 
     def pool(self) -> Pool:
         return self._get().pool()
 
-    # HealthReporter, StatusReporter, BackgroundWork, DeviceStatusReporter, ClaimUsage
+    # HealthReporter, StatusReporter, BackgroundWork, DeviceStatusReporter, ClaimUsage,
+    # PreparedLookup
     def device_health(self) -> list[DeviceHealth]:
         return self._driver.device_health() if self._driver is not None else []
 

@@ -157,6 +157,13 @@ def daemon_settings(args: argparse.Namespace) -> DaemonSettings:
         )
     if not -1 <= args.health_port <= 65535:
         raise SettingsError(f"{_flag('health-port')} is {args.health_port}: use 1-65535, 0 or -1")
+    if args.kubeconfig is not None and not any(
+        Path(f).is_file() for f in str(args.kubeconfig).split(":") if f
+    ):
+        raise SettingsError(
+            f"{_flag('kubeconfig')} is {str(args.kubeconfig)!r}: no such file (several are "
+            "joined by ':'; at least one must exist)"
+        )
     if args.context is not None and args.kubeconfig is None:
         raise SettingsError(
             f"{_flag('context')} needs {_flag('kubeconfig')}: a context of which file?"

@@ -346,6 +346,9 @@ class GpuDriver:
             raise cdihook.HookError(f"prepare claim {claim.ref}: {self._hook_problem}")
         return self._preparer.prepare(claim)
 
+    def prepared_devices(self, claim: ClaimRef) -> list[PreparedDevice] | None:
+        return self._preparer.prepared_devices(claim)
+
     def unprepare(self, claim: ClaimRef) -> None:
         self._preparer.unprepare(claim)
 

@@ -36,6 +36,7 @@ from dra_driver.gpu.nvmlmonitor import (
     EVENT_XID_CRITICAL,
     Event,
 )
+from dra_driver.retries import Retry
 
 WANTED_EVENTS = (
     EVENT_XID_CRITICAL | EVENT_DOUBLE_BIT_ECC | EVENT_GPU_UNAVAILABLE | EVENT_RECOVERY_ACTION
@@ -133,13 +134,13 @@ class HealthMonitor:
                 thread.start()
 
     def _guard(self, name: str, target: Callable[[], None]) -> None:
+        retry = Retry(f"health thread {name}", self._log, initial_s=5.0, max_s=300.0)
         while not self._stop.is_set():
             try:
                 target()
                 return
-            except Exception:
-                self._log.exception("health thread crashed; restarting", extra={"thread": name})
-                self._stop.wait(5)
+            except Exception as exc:
+                self._stop.wait(retry.failed(exc))
 
     # ---- faults --------------------------------------------------------------------------
     def _record(self, uuid: str, fault: Fault) -> None:
@@ -160,12 +161,13 @@ class HealthMonitor:
 
     # ---- events --------------------------------------------------------------------------
     def _watch(self, uuid: str, stop: threading.Event) -> None:
-        delay = 1.0
+        retry = Retry(f"NVML event watch of {uuid}", self._log, initial_s=1.0, max_s=60.0)
         while not stop.is_set() and not self._stop.is_set():
             try:
                 self._watch_once(uuid, stop)
                 return
             except NvmlError as exc:
+                delay = retry.failed(exc)
                 if exc.gpu_lost or exc.code == NVML_ERROR_NOT_FOUND:
                     self._lost(uuid, exc)
                 elif exc.not_supported:
@@ -174,12 +176,7 @@ class HealthMonitor:
                                   self._clock(), message)  # fmt: skip
                     self._record(uuid, fault)
                     delay = 60.0
-                else:
-                    self._log.warning(
-                        "NVML event watch failed", extra={"uuid": uuid, "error": str(exc)}
-                    )
             stop.wait(delay)
-            delay = min(delay * 2, 60.0)
 
     def _watch_once(self, uuid: str, stop: threading.Event) -> None:
         handle = self._nvml.handle_by_uuid(uuid)

@@ -225,6 +225,17 @@ class ClaimPreparer:
                 log.info("claim unprepared")
                 return
 
+    def prepared_devices(self, ref: ClaimRef) -> list[PreparedDevice] | None:
+        """PreparedLookup: the recorded result of a claim whose UID is prepared here (its
+        spec in place); None for anything else, which the full prepare handles."""
+        spec = cdi.transient_spec_path(self._cdi_dir, self.kind, ref.uid)
+        with self._errors(f"look up claim {ref}"), self._store.transaction() as loaded:
+            self._handle_reboot(loaded)
+            entry = loaded.checkpoint.claims.get(ref.uid)
+            if entry is None or entry.state != PREPARED or not spec.exists():
+                return None
+            return _result(entry)
+
     def prepared_claims(self) -> list[ClaimRef]:
         """Every claim with state on this node, prepared or not completely undone."""
         with self._errors("list prepared claims"), self._store.transaction() as loaded:

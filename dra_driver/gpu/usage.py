@@ -31,6 +31,7 @@ from dra_driver.gpu.nvml import Nvml, NvmlError
 from dra_driver.gpu.nvmlmonitor import ProcessInfo
 from dra_driver.plugin.claimbook import PreparedClaim
 from dra_driver.prometheus import Family, counter_family, gauge_family
+from dra_driver.retries import Retry
 
 _POD_UID = re.compile(
     r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})"
@@ -155,11 +156,13 @@ class UsageSampler:
             self._nvml.shutdown()
 
     def _loop(self) -> None:
+        retry = Retry("GPU usage sampling (retried each interval)", self._log, paced=False)
         while not self._stop.wait(self._interval_s):
             try:
                 self.sample_once()
-            except Exception:
-                self._log.exception("GPU usage sampling failed; retrying next interval")
+                retry.succeeded()
+            except Exception as exc:
+                retry.failed(exc)
 
     def latest(self) -> list[UsageSample]:
         """The last sample, less claims released since (their series go at once)."""

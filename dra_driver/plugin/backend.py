@@ -117,6 +117,17 @@ class BackgroundWork(Protocol):
 
 
 @runtime_checkable
+class PreparedLookup(Protocol):
+    """Optional backend ability: the result of a claim it has completely prepared, from
+    its own records. The kubelet prepares a claim again for every pod that shares it;
+    answered from here, those calls need no API server (and work during an outage)."""
+
+    def prepared_devices(self, claim: ClaimRef) -> list[PreparedDevice] | None:
+        """The devices of the claim with this UID if it is prepared; None otherwise."""
+        ...
+
+
+@runtime_checkable
 class StatusReporter(Protocol):
     """Optional backend ability: say what keeps it from preparing claims right now."""
 

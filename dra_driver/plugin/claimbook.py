@@ -19,6 +19,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from dra_driver.plugin.claims import ClaimRef
 from dra_driver.plugin.claimstatus import ClaimStatusWriter
+from dra_driver.retries import Retry
 
 ClaimGetter = Callable[[str, str], "dict[str, Any] | None"]
 
@@ -158,6 +159,7 @@ class ClaimKeeper:
 
     def _loop(self) -> None:
         reload, due = True, 0.0
+        retry = Retry("claim book refresh", self._log)
         while not self._stop.is_set():
             try:
                 if time.monotonic() >= due:
@@ -172,9 +174,9 @@ class ClaimKeeper:
                     due = time.monotonic() + self._interval_s
                 if self._status is not None:
                     self._status.refresh()
-            except Exception:
-                self._log.exception("claim book refresh failed; retrying")
-                reload, due = True, 0.0
+                retry.succeeded()
+            except Exception as exc:  # e.g. a corrupt checkpoint: try again, later
+                reload, due = True, time.monotonic() + retry.failed(exc)
             if self._trigger.wait(max(0.0, due - time.monotonic())):
                 self._settle()
             self._trigger.clear()

@@ -53,8 +53,14 @@ def reason_of(error: BaseException) -> str:
 
 class ClaimEvents(Protocol):
     def prepared(
-        self, ref: ClaimRef, obj: dict[str, Any], devices: Sequence[PreparedDevice], seconds: float
-    ) -> None: ...
+        self,
+        ref: ClaimRef,
+        obj: dict[str, Any] | None,
+        devices: Sequence[PreparedDevice],
+        seconds: float,
+    ) -> None:
+        """``obj``: the claim as fetched; None when answered from the backend's records."""
+        ...
 
     def unprepared(self, ref: ClaimRef, seconds: float) -> None: ...
 
@@ -85,13 +91,17 @@ class ClaimActivity:
         self._changed = changed
 
     def prepared(
-        self, ref: ClaimRef, obj: dict[str, Any], devices: Sequence[PreparedDevice], seconds: float
+        self,
+        ref: ClaimRef,
+        obj: dict[str, Any] | None,
+        devices: Sequence[PreparedDevice],
+        seconds: float,
     ) -> None:
         try:
             if (m := self.metrics) is not None:
                 m.observe("prepare", seconds)
-            if self._book is not None:
-                self._book.prepared(ref, obj)
+            if self._book is not None and obj is not None:  # None: answered from the
+                self._book.prepared(ref, obj)  # backend's records; the book has it
             if self._status is not None:
                 self._status.prepared(ref, devices)
             self._changed()

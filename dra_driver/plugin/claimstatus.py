@@ -17,7 +17,10 @@ Writing status is informational and asynchronous: prepare and unprepare only
 note the claim, the plugin's ``claim-book`` thread writes once the calls have
 settled (after a burst of them, not during it; retrying a failure at the next
 health change or periodic refresh), so the kubelet's call never waits for it. A
-claim prepared and unprepared between two writes gets none at all.
+claim prepared and unprepared between two writes gets none at all. A write the API
+server refuses as invalid (422) is said once and not sent again until the claim's
+entries change (a device's health, another prepare); an unreachable server is said
+once and then every few minutes.
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ from typing import Any, Protocol, runtime_checkable
 
 from dra_driver.plugin.backend import PreparedDevice
 from dra_driver.plugin.claims import ClaimRef
+from dra_driver.plugin.kubeclient import KubeApiError
+from dra_driver.retries import Retry
 
 Obj = dict[str, Any]
 ApplyStatus = Callable[[str, str, Obj], None]
@@ -93,6 +98,9 @@ class ClaimStatusWriter:
         self._inherited: set[str] | None = None
         """Claims with state from before this process (their status may hold our entries);
         ``None`` until :meth:`inherit` said which."""
+        self._refused: dict[str, Obj] = {}
+        """Claim UID -> the body the API server refused as invalid (422): not sent again."""
+        self._retry = Retry("writing claim status", logger, paced=False)
         self._unwritten: set[str] = set()
         """Claims prepared here whose status cannot hold our entries: none were written
         (nor are being written) since they came without any. Unprepared, they need no
@@ -142,15 +150,29 @@ class ClaimStatusWriter:
         }
 
     def _write(self, ref: ClaimRef, body: Obj) -> bool:
+        """Whether the entries are where they should be now (refused ones never will be,
+        until they change: :attr:`_refused`)."""
+        if self._refused.get(ref.uid) == body:
+            return False
         try:
             self._apply(ref.namespace, ref.name, body)
-            return True
-        except Exception as exc:  # informational: never fail the kubelet's call for it
+        except KubeApiError as exc:  # informational: never fail the kubelet's call for it
+            if exc.status != 422:
+                self._retry.failed(exc)
+                return False
+            self._refused[ref.uid] = body
             self._log.warning(
-                "cannot write claim status devices: %s", exc,
+                "the API server refused our claim status devices; not sent again until "
+                "they change: %s", exc,
                 extra={"claim_uid": ref.uid, "namespace": ref.namespace, "claim": ref.name},
             )  # fmt: skip
             return False
+        except Exception as exc:
+            self._retry.failed(exc)
+            return False
+        self._retry.succeeded()
+        self._refused.pop(ref.uid, None)
+        return True
 
     def prepared(self, ref: ClaimRef, devices: Sequence[PreparedDevice]) -> None:
         """Note a claim just prepared; :meth:`refresh` writes its entries (no API call here,
@@ -174,6 +196,7 @@ class ClaimStatusWriter:
         with self._lock:
             self._claims.pop(ref.uid, None)
             self._written.pop(ref.uid, None)
+            self._refused.pop(ref.uid, None)
             self._since = {k: v for k, v in self._since.items() if k[0] != ref.uid}
             if ref.uid in self._unwritten:
                 self._unwritten.discard(ref.uid)

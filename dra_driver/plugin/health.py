@@ -23,6 +23,7 @@ from dra_driver.plugin._proto import (
     health_v1alpha1_pb2_grpc,
 )
 from dra_driver.plugin.backend import DeviceHealth
+from dra_driver.retries import Retry
 
 HealthSource = Callable[[], list[DeviceHealth]]
 
@@ -48,6 +49,9 @@ class HealthHub:
         self._version = 0
         self._closed = False
         self._snapshot: list[DeviceHealth] = []
+        self._retry = Retry("reading device health (all devices reported Unknown)", logger,
+                            paced=False)  # fmt: skip
+        self._retry_lock = threading.Lock()
         self._default_timeout_s = max(KUBELET_DEFAULT_TIMEOUT_S, int(3 * interval_s) + 1)
 
     @property
@@ -57,13 +61,17 @@ class HealthHub:
 
     def _poll(self) -> list[DeviceHealth]:
         try:
-            return list(self._source())
-        except Exception:
-            self._log.exception("reading device health failed; reporting all devices Unknown")
+            found = list(self._source())
+        except Exception as exc:
+            with self._retry_lock:  # said once, then every few minutes
+                self._retry.failed(exc)
             return [
                 DeviceHealth(d.pool, d.device, "Unknown", "health check failed")
                 for d in self._snapshot
             ]
+        with self._retry_lock:
+            self._retry.succeeded()
+        return found
 
     def notify_changed(self) -> None:
         """Re-read health now and push it to every stream if it differs."""

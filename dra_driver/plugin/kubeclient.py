@@ -177,7 +177,8 @@ class KubeClient:
         try:
             self._configure(cfg, self._tmp)
         except Exception as exc:  # the loaders raise ConfigException, OSError, ValueError...
-            raise KubeConfigError(f"cannot load the {self._what}: {exc}") from exc
+            said = " ".join(str(exc).split())  # YAML errors span lines: one line for the log
+            raise KubeConfigError(f"cannot load the {self._what}: {said}") from exc
         if not cfg.host:
             raise KubeConfigError(f"the {self._what} names no API server")
         cfg.connection_pool_maxsize = self._pool_size
@@ -348,11 +349,31 @@ def _errors(method: str, path: str) -> Iterator[None]:
 
 def _retries() -> Any:
     """urllib3's retries: connecting is tried up to three times, and an idempotent
-    request whose kept-alive connection the server had closed is sent once more (so a
-    read that timed out costs twice the timeout); a POST is never sent twice."""
+    request whose kept-alive connection the server had closed is sent once more; a POST
+    is never sent twice, and a read that timed out is not repeated (a frozen server
+    would only double the wait of a prepare the kubelet gives 45 s)."""
+    from types import TracebackType
+
+    from urllib3.connectionpool import ConnectionPool
+    from urllib3.exceptions import ReadTimeoutError
+    from urllib3.response import BaseHTTPResponse
     from urllib3.util.retry import Retry
 
-    return Retry(total=2, connect=2, read=1, status=0, redirect=0, other=0)
+    class NoTimeoutRetry(Retry):
+        def increment(
+            self,
+            method: str | None = None,
+            url: str | None = None,
+            response: BaseHTTPResponse | None = None,
+            error: Exception | None = None,
+            _pool: ConnectionPool | None = None,
+            _stacktrace: TracebackType | None = None,
+        ) -> NoTimeoutRetry:
+            if isinstance(error, ReadTimeoutError):
+                raise error
+            return super().increment(method, url, response, error, _pool, _stacktrace)
+
+    return NoTimeoutRetry(total=2, connect=2, read=1, status=0, redirect=0, other=0)
 
 
 def _segment(value: str) -> str:

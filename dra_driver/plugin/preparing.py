@@ -1,9 +1,12 @@
 """The kubelet's prepare/unprepare requests, from the gRPC edge to the backend.
 
 For every claim the kubelet names, :class:`ClaimService` validates the
-reference once (:func:`~dra_driver.plugin.claims.validate_ref`), fetches the
-claim (prepare only: the request carries no content), reduces it to this
-driver's results on this node's pool and hands it to the backend. Every
+reference once (:func:`~dra_driver.plugin.claims.validate_ref`); a claim the backend
+has already prepared is answered from its records
+(:class:`~dra_driver.plugin.backend.PreparedLookup`: no API call, so the pods of a
+running job still start while the API server is down); any other is fetched
+(prepare only: the request carries no content), reduced to this driver's results
+on this node's pool and handed to the backend. Every
 requested UID gets exactly one :class:`ClaimOutcome`; a failing claim never
 fails the call. Request names are reduced to their base name here, once (the
 kubelet matches containers by base name).
@@ -30,7 +33,12 @@ from typing import Any
 
 from dra_driver.errors import DriverError
 from dra_driver.logs import claim_logger
-from dra_driver.plugin.backend import DeviceBackend, ParallelClaims, PreparedDevice
+from dra_driver.plugin.backend import (
+    DeviceBackend,
+    ParallelClaims,
+    PreparedDevice,
+    PreparedLookup,
+)
 from dra_driver.plugin.claimevents import ClaimEvents
 from dra_driver.plugin.claims import ClaimError, ClaimRef, claim_from_object, validate_ref
 from dra_driver.plugin.sockets import FileLock
@@ -133,17 +141,22 @@ class ClaimService:
     def _prepare_one(self, ref: ClaimRef) -> ClaimOutcome:
         log = claim_logger(self._log, ref.uid, ref.namespace, ref.name)
         started = time.perf_counter()
+        obj: dict[str, Any] | None = None
         try:
             validate_ref(ref)
-            try:
-                obj = self._get_claim(ref.namespace, ref.name)
-            except DriverError as exc:
-                raise ClaimError(f"cannot fetch claim {ref} from the API server: {exc}") from exc
-            if obj is None:
-                raise ClaimError(f"claim {ref} not found")
-            claim = claim_from_object(obj, ref, driver=self._driver, pool=self._pool)
-            with self._ordered(ref.uid):
-                devices = self._backend.prepare(claim)
+            devices = self._already_prepared(ref)
+            if devices is None:
+                try:
+                    obj = self._get_claim(ref.namespace, ref.name)
+                except DriverError as exc:
+                    raise ClaimError(
+                        f"cannot fetch claim {ref} from the API server: {exc}"
+                    ) from exc
+                if obj is None:
+                    raise ClaimError(f"claim {ref} not found")
+                claim = claim_from_object(obj, ref, driver=self._driver, pool=self._pool)
+                with self._ordered(ref.uid):
+                    devices = self._backend.prepare(claim)
         except DriverError as exc:
             log.warning("prepare failed: %s", exc)
             self._failed("prepare", ref, exc, started)
@@ -161,6 +174,14 @@ class ClaimService:
         if self._events is not None:
             self._events.prepared(ref, obj, outcome.devices, elapsed)
         return outcome
+
+    def _already_prepared(self, ref: ClaimRef) -> list[PreparedDevice] | None:
+        """The backend's recorded result for a claim it has prepared: every further pod of
+        a shared claim is answered without the API server (also while it is down)."""
+        if not isinstance(self._backend, PreparedLookup):
+            return None
+        with self._ordered(ref.uid):
+            return self._backend.prepared_devices(ref)
 
     def _failed(self, operation: str, ref: ClaimRef, exc: BaseException, started: float) -> None:
         if self._events is not None:

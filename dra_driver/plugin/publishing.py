@@ -53,6 +53,7 @@ from dra_driver.plugin.slices import (
     validate_names,
     validate_pool,
 )
+from dra_driver.retries import Retry
 
 if TYPE_CHECKING:
     from dra_driver.plugin.metrics import PublishMetrics
@@ -106,12 +107,15 @@ class SlicePublisher:
         logger: logging.Logger,
         resync_interval_s: float = 30.0,
         backoff_initial_s: float = 0.5,
-        backoff_max_s: float = 30.0,
+        backoff_max_s: float = 5.0,
         watch_timeout_s: int = 300,
         metrics: PublishMetrics | None = None,
         on_fatal: Callable[[str], None] | None = None,
     ) -> None:
-        """``on_fatal`` is told when a background thread crashes or ends on its own."""
+        """``on_fatal`` is told when a background thread crashes or ends on its own. After
+        a failure both loops retry after ``backoff_initial_s``, doubling up to
+        ``backoff_max_s``: short, so slices are checked within seconds of the API
+        server's return after an outage of any length."""
         validate_names(driver_name, node_name)
         self._on_fatal = on_fatal
         self.metrics = metrics
@@ -134,6 +138,9 @@ class SlicePublisher:
         self._generation = -1
         # name -> (resourceVersion we wrote, fingerprint of what we meant to store)
         self._written: dict[str, tuple[str, str]] = {}
+        # Names being written: the watch may see our write before the call returns.
+        self._writing: set[str] = set()
+        self._written_cond = threading.Condition()
         self._watch: Watch | None = None
         self._threads: list[threading.Thread] = []
 
@@ -186,8 +193,11 @@ class SlicePublisher:
 
     # -- loops ---------------------------------------------------------------
 
+    def _retry(self, what: str) -> Retry:
+        return Retry(what, self._log, initial_s=self._backoff[0], max_s=self._backoff[1])
+
     def _sync_loop(self) -> None:
-        delay = self._backoff[0]
+        retry = self._retry("publishing slices")
         while not self._stop.is_set():
             self._trigger.wait(timeout=self._resync_s)
             if self._stop.is_set():
@@ -196,7 +206,7 @@ class SlicePublisher:
             started = time.perf_counter()
             try:
                 self.sync_once()
-                delay = self._backoff[0]
+                retry.succeeded()
                 if (m := self.metrics) is not None:
                     m.sync(time.perf_counter() - started, ok=True, generation=self._generation)
             except SliceValidationError as exc:
@@ -207,15 +217,13 @@ class SlicePublisher:
             except KubeError as exc:
                 if (m := self.metrics) is not None:
                     m.sync(time.perf_counter() - started, ok=False)
-                self._log.warning("publishing slices failed, retrying in %.1fs: %s", delay, exc)
                 self._set_status(in_sync=False, last_error=str(exc))
-                if self._stop.wait(delay):
+                if self._stop.wait(retry.failed(exc)):
                     return
-                delay = min(delay * 2, self._backoff[1])
                 self._trigger.set()
 
     def _watch_loop(self) -> None:
-        delay = self._backoff[0]
+        retry = self._retry("watching slices")
         while not self._stop.is_set():
             try:
                 listed = self._client.list_resource_slices(self._selector)
@@ -240,14 +248,10 @@ class SlicePublisher:
                             kind,
                         )
                         self._trigger.set()
-                delay = self._backoff[0]
+                retry.succeeded()
             except KubeError as exc:
-                if self._stop.is_set():
+                if self._stop.is_set() or self._stop.wait(retry.failed(exc)):
                     return
-                self._log.warning("watching slices failed, retrying in %.1fs: %s", delay, exc)
-                if self._stop.wait(delay):
-                    return
-                delay = min(delay * 2, self._backoff[1])
             finally:
                 self._watch = None
 
@@ -260,8 +264,13 @@ class SlicePublisher:
         return listed != {name: rv for name, (rv, _) in written.items()}
 
     def _is_own_write(self, obj: Obj) -> bool:
+        """Whether the watch shows a version we wrote. The event can arrive before our
+        create or update returned (at start, 3 of 4 times): wait for that call first."""
         meta = obj.get("metadata", {})
-        written = self._written.get(str(meta.get("name")))
+        name = str(meta.get("name"))
+        with self._written_cond:
+            self._written_cond.wait_for(lambda: name not in self._writing, timeout=30)
+        written = self._written.get(name)
         return written is not None and written[0] == meta.get("resourceVersion")
 
     # -- one sync ------------------------------------------------------------
@@ -384,6 +393,17 @@ class SlicePublisher:
         )
 
     def _write(self, obj: Obj, *, create: bool) -> set[str]:
+        name = str(obj["metadata"]["name"])
+        with self._written_cond:
+            self._writing.add(name)
+        try:
+            return self._write_one(obj, create=create)
+        finally:
+            with self._written_cond:
+                self._writing.discard(name)
+                self._written_cond.notify_all()
+
+    def _write_one(self, obj: Obj, *, create: bool) -> set[str]:
         fp = _fingerprint(obj["spec"]) + _fingerprint(obj["metadata"]["ownerReferences"])
         try:
             if create:

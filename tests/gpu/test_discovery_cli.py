@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import yaml
@@ -85,13 +87,21 @@ def test_bad_input_fails_with_a_clear_message(tmp_path: Path) -> None:
 
 
 def test_kubelet_plugin_start_failure_is_a_clear_error(tmp_path: Path) -> None:
-    dirs = ["--cdi-dir", str(tmp_path / "cdi"), "--kubelet-registry-dir", str(tmp_path / "reg")]
-    dirs += ["--kubelet-plugins-dir", str(tmp_path / "plugins"), "--host-root", str(tmp_path / "h")]
+    short = Path(tempfile.mkdtemp(prefix="kc-", dir="/tmp"))  # socket paths < 108 bytes
+    dirs = ["--cdi-dir", str(short / "cdi"), "--kubelet-registry-dir", str(short / "reg")]
+    dirs += ["--kubelet-plugins-dir", str(short / "plugins"), "--host-root", str(short / "h")]
+    missing = _run("kubelet-plugin", "--node-name", "n", "--emulate", "t4", *dirs,
+                   "--kubeconfig", str(tmp_path / "missing"), check=False)  # fmt: skip
+    assert missing.returncode == 2  # a setting: refused before anything starts
+    assert "--kubeconfig (DRA_KUBECONFIG)" in missing.stderr and "no such file" in missing.stderr
+    (tmp_path / "broken").write_text("{clusters: [")
     bad = _run("kubelet-plugin", "--node-name", "n", "--emulate", "t4", *dirs,
-               "--kubeconfig", str(tmp_path / "missing"), check=False)  # fmt: skip
+               "--kubeconfig", str(tmp_path / "broken"), check=False)  # fmt: skip
+    shutil.rmtree(short, ignore_errors=True)
     assert bad.returncode == 1
     last = bad.stderr.splitlines()[-1]
-    assert last.startswith("dra-driver kubelet-plugin: cannot start: kubeconfig")
+    assert last.startswith("dra-driver kubelet-plugin: cannot start: cannot load the kubeconfig")
+    assert str(tmp_path / "broken") in last
     assert "Traceback" not in bad.stderr
 
 

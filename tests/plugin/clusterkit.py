@@ -17,26 +17,47 @@ from dra_driver.plugin.backend import DeviceBackend
 
 ROOT = Path(__file__).resolve().parents[2]
 RBAC_DIR = ROOT / "deploy" / "rbac"
+SHIPPED_DRIVER = "gpu.nvidia.com"
 SA_NAMESPACE = "dra-driver"
 SA_NAME = "dra-driver-kubelet-plugin"
 
 
-def apply_rbac(cluster: Cluster) -> None:
-    """Our deploy/rbac manifests, exactly as shipped."""
-    cluster.create_namespace(SA_NAMESPACE)
+def _release(driver: str) -> str:
+    """``dra-driver`` for the shipped driver; another driver's objects are named apart,
+    as a second Helm release with that ``driverName`` would name them."""
+    return "dra-driver" if driver == SHIPPED_DRIVER else "dra-" + driver.replace(".", "-")[:40]
+
+
+def sa_of(driver: str) -> tuple[str, str]:
+    """(namespace, ServiceAccount name) of ``driver``'s plugin."""
+    release = _release(driver)
+    return release, f"{release}-kubelet-plugin"
+
+
+def apply_rbac(cluster: Cluster, driver: str = SHIPPED_DRIVER) -> None:
+    """Our deploy/rbac manifests as shipped (for ``gpu.nvidia.com``); for another
+    driver name the same objects with that name and their own namespace, account and
+    object names, so the admission policy pins each plugin to its own driver."""
+    namespace, _ = sa_of(driver)
+    cluster.create_namespace(namespace)
     for path in sorted(RBAC_DIR.glob("*.yaml")):
-        for doc in yaml.safe_load_all(path.read_text()):
+        text = path.read_text().replace(SHIPPED_DRIVER, driver)
+        text = text.replace("dra-driver", _release(driver))
+        for doc in yaml.safe_load_all(text):
             if doc:
                 cluster.apply(doc)
 
 
-def node_bound_kubeconfig(cluster: Cluster, node: dict[str, Any]) -> Path:
+def node_bound_kubeconfig(
+    cluster: Cluster, node: dict[str, Any], driver: str = SHIPPED_DRIVER
+) -> Path:
     """The plugin's ServiceAccount token, bound to a Node object as a pod's token would be
     bound to a pod on that node: it carries the ``authentication.kubernetes.io/node-name``
     extra the ValidatingAdmissionPolicy checks."""
     name = node["metadata"]["name"]
+    namespace, account = sa_of(driver)
     answer = cluster.rest.create(
-        f"/api/v1/namespaces/{SA_NAMESPACE}/serviceaccounts/{SA_NAME}/token",
+        f"/api/v1/namespaces/{namespace}/serviceaccounts/{account}/token",
         {
             "apiVersion": "authentication.k8s.io/v1",
             "kind": "TokenRequest",
@@ -57,7 +78,7 @@ def node_bound_kubeconfig(cluster: Cluster, node: dict[str, Any]) -> Path:
         directory / f"plugin-{name}.kubeconfig",
         server=cluster.server,
         ca_file=cluster.ca_file,
-        user=f"system:serviceaccount:{SA_NAMESPACE}:{SA_NAME}",
+        user=f"system:serviceaccount:{namespace}:{account}",
         token=answer["status"]["token"],
     )
 
@@ -89,9 +110,9 @@ def start_plugin_on_node(
     **settings: Any,
 ) -> PluginOnNode:
     """``node``: an existing Node object (else one is created)."""
-    apply_rbac(cluster)
+    apply_rbac(cluster, driver)
     node = node or cluster.create_node(unique(node_prefix))
-    kubeconfig = node_bound_kubeconfig(cluster, node)
+    kubeconfig = node_bound_kubeconfig(cluster, node, driver)
     plugin = KubeletPlugin(
         settings=PluginSettings(
             driver_name=driver,

@@ -67,7 +67,7 @@ def start_plugin(short_dir: Path, api: FakeApiServer) -> Iterator[StartPlugin]:
             settings=settings,
             backend=backend,
             logger=logging.getLogger("test.plugin"),
-            client=api.client(),
+            client=api.client(timeout_s=settings.api_timeout_s),
         )
         plugin.start()
         started.append(plugin)

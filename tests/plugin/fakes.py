@@ -161,6 +161,8 @@ class FakeApiServer:
         self.requests: list[tuple[str, str]] = []
         self.fail_slice_requests = 0
         """Answer this many resourceslice requests with 500 first (API outage)."""
+        self.slice_outage_until = 0.0
+        """Answer every resourceslice request with 500 until this ``time.monotonic()``."""
         self.claim_get_delay_s = 0.0
         """Hold every claim GET this long (a slow API server)."""
         self.claim_get_peers: set[tuple[str, int]] = set()
@@ -274,6 +276,8 @@ class FakeApiServer:
         return KubeClient.for_server(self.server, token="test-token", **kw)
 
     def _outage(self) -> bool:
+        if time.monotonic() < self.slice_outage_until:
+            return True
         with self._lock:
             if self.fail_slice_requests > 0:
                 self.fail_slice_requests -= 1

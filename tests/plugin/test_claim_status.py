@@ -12,6 +12,7 @@ from dra_driver.plugin.backend import PreparedDevice
 from dra_driver.plugin.claimbook import ClaimKeeper
 from dra_driver.plugin.claims import ClaimRef
 from dra_driver.plugin.claimstatus import ClaimStatusWriter, Condition, DeviceStatus
+from dra_driver.plugin.kubeclient import KubeApiError
 
 REF = ClaimRef(namespace="ml", name="train", uid="6f1d3c2a-9b8e-4f7d-a1c2-3e4f5a6b7c8d")
 DEV = PreparedDevice(("gpu",), "node-a", "gpu-0", ("k8s.gpu.nvidia.com/claim=x-gpu-0",))
@@ -106,7 +107,9 @@ def test_write_failures_are_logged_and_retried_never_raised(caplog) -> None:
     w = writer(applied, Reporter(), fail=down)
     w.prepared(REF, [DEV])
     assert w.refresh() == 0  # does not raise
-    assert "cannot write claim status devices" in caplog.text and applied == []
+    assert "writing claim status failed" in caplog.text and applied == []
+    assert w.refresh() == 0
+    assert caplog.text.count("writing claim status") == 1  # an outage is said once
     down.clear()  # the API server is back: the next refresh writes it
     assert w.refresh() == 1 and len(applied) == 1
     down.append(True)
@@ -114,6 +117,29 @@ def test_write_failures_are_logged_and_retried_never_raised(caplog) -> None:
     assert w.refresh() == 0  # the removal failed: kept for the next refresh
     down.clear()
     assert w.refresh() == 1 and applied[-1][2]["status"] == {"devices": []}
+
+
+def test_a_status_the_api_server_refuses_is_not_sent_again_until_it_changes(caplog) -> None:
+    """422: sending the same entries again can only be refused again (and warned about
+    at every refresh, as before); a change (health, another prepare) is tried."""
+    sent: list = []
+    reporter = Reporter()
+
+    def apply(ns: str, name: str, body: dict) -> None:
+        sent.append(body)
+        raise KubeApiError(422, "Invalid", "status.devices[0].data: Too long")
+
+    w = ClaimStatusWriter(driver_name="gpu.nvidia.com", apply=apply, reporter=reporter,
+                          logger=logging.getLogger("t"), node_name="node-a")  # fmt: skip
+    w.prepared(REF, [DEV])
+    for _ in range(3):
+        assert w.refresh() == 0
+    assert len(sent) == 1
+    refused = [r for r in caplog.records if "refused our claim status" in r.getMessage()]
+    assert len(refused) == 1 and refused[0].claim_uid == REF.uid  # type: ignore[attr-defined]
+    assert "Too long" in refused[0].getMessage()
+    reporter.healthy = False  # the entries change: tried again
+    assert w.refresh() == 0 and len(sent) == 2
 
 
 def test_error_reasons_are_the_most_specific_known_cause() -> None:

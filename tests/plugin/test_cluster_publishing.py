@@ -260,52 +260,63 @@ def test_scheduler_allocates_from_the_published_pool_and_prepare_fetches_the_cla
     ]
 
 
-def test_policy_rejects_writing_another_nodes_slice(
+def test_policy_pins_every_write_to_our_driver_our_node_and_our_pool(
     cluster: Cluster, running: tuple[PluginOnNode, FakeBackend]
 ) -> None:
+    """RBAC cannot filter by field; the admission policy does, on the real API server:
+    a node's plugin may write only slices of its own driver, on its own node, in the
+    pool named after its node, and may not update or delete another node's slice."""
     on_node, _ = running
     _in_sync(on_node)
-    other = cluster.create_node(unique("other-node"))
+    node = on_node.node_name
+    other = cluster.create_node(unique("other-node"))["metadata"]["name"]
     client = KubeClient.from_kubeconfig(str(on_node.kubeconfig))
-    foreign: dict[str, Any] = {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceSlice",
-        "metadata": {"name": unique("foreign")},
-        "spec": {
-            "driver": DRIVER,
-            "nodeName": other["metadata"]["name"],
-            "pool": {"name": other["metadata"]["name"], "generation": 0, "resourceSliceCount": 1},
-            "devices": [],
-        },
-    }
 
-    # The API server loads new policies asynchronously: retry until it enforces ours.
-    def rejected() -> KubeApiError | None:
+    def slice_of(driver: str, node_name: str, pool: str, generation: int = 0) -> dict[str, Any]:
+        return {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceSlice",
+            "metadata": {"name": unique("s")},
+            "spec": {"driver": driver, "nodeName": node_name, "devices": [],
+                     "pool": {"name": pool, "generation": generation, "resourceSliceCount": 1}},
+        }  # fmt: skip
+
+    def refused(obj: dict[str, Any]) -> KubeApiError | None:
+        """The API server loads new policies asynchronously: None while not enforced yet
+        (then the slice is removed again as admin)."""
         try:
-            created = client.create_resource_slice({**foreign, "metadata": {"name": unique("f")}})
+            created = client.create_resource_slice(obj)
         except KubeApiError as exc:
             return exc
-        # Not enforced yet: clean up as admin (the policy may block our own delete).
         cluster.rest.delete(
             f"/apis/resource.k8s.io/v1/resourceslices/{created['metadata']['name']}"
         )
         return None
 
-    error = wait_until(rejected, timeout=TIMEOUT, what="own-node policy to be enforced")
-    assert error.status in (403, 422)
-    assert "may only write ResourceSlices of that node" in error.message
-    # ...while RBAC itself allows the same write for its own node.
-    own = {
-        **foreign,
-        "metadata": {"name": unique("own")},
-        "spec": {
-            **foreign["spec"],
-            "driver": "other.tier2.example.com",
-            "nodeName": on_node.node_name,
-            "pool": {"name": on_node.node_name, "generation": 0, "resourceSliceCount": 1},
-        },
-    }
-    created = client.create_resource_slice(own)
+    foreign = "other.tier2.example.com"
+    cases = [
+        (slice_of(DRIVER, other, other), f"ResourceSlices of that node, not of node '{other}'"),
+        (slice_of(foreign, node, node), f"of driver {DRIVER}, not of driver '{foreign}'"),
+        (slice_of(DRIVER, node, other, generation=99),
+         f"may only write the pool named after its node, not pool '{other}'"),
+    ]  # fmt: skip
+    for obj, message in cases:
+        error = wait_until(lambda o=obj: refused(o), timeout=TIMEOUT, what=f"refusal: {message}")
+        assert error.status in (403, 422)
+        assert message in error.message, error.message
+    # Another node's slice of our driver (written by an admin): no update (its node and
+    # pool are immutable anyway), no delete.
+    theirs = cluster.rest.create("/apis/resource.k8s.io/v1/resourceslices",
+                                 slice_of(DRIVER, other, other))  # fmt: skip
+    bumped = {**theirs, "spec": {**theirs["spec"],
+                                 "pool": {**theirs["spec"]["pool"], "generation": 99}}}  # fmt: skip
+    with pytest.raises(KubeApiError, match=f"not of node '{other}'"):
+        client.update_resource_slice(bumped)
+    with pytest.raises(KubeApiError, match=f"not of node '{other}'"):
+        client.delete_resource_slice(theirs["metadata"]["name"])
+    cluster.rest.delete(f"/apis/resource.k8s.io/v1/resourceslices/{theirs['metadata']['name']}")
+    # Its own: allowed (the plugin's publishing works: _in_sync above).
+    created = client.create_resource_slice(slice_of(DRIVER, node, node))
     client.delete_resource_slice(created["metadata"]["name"])
     # And the plugin's identity has no rights beyond its role.
     for path in (

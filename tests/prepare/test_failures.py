@@ -110,6 +110,31 @@ def test_d2_an_overflowing_limit_fails_while_planning_and_names_the_field(node: 
 
 
 @pytest.mark.parametrize(
+    ("mps", "device", "kind", "message"),
+    [
+        ({"defaultPinnedDeviceMemoryLimit": "81921Mi"}, "gpu-3", "GpuConfig", "gpu-3 (GPU-"
+         "00000003-1111-2222-3333-444444444444) is 81921Mi, more than its 81920Mi of memory"),
+        ({"defaultPerDevicePinnedMemoryLimit": {"0": "11Gi"}}, "gpu-7-mig-1g10gb-19-2",
+         "MigDeviceConfig", "gpu-7-mig-1g10gb-19-2 (MIG-79000000-aaaa-bbbb-cccc-dddddddddddd) "
+         "is 11264Mi, more than its 10240Mi of memory"),
+    ],
+    ids=["default-limit-on-a-gpu", "per-device-limit-on-a-mig-device"],
+)  # fmt: skip
+def test_an_mps_limit_above_the_device_s_memory_is_refused_naming_the_device(
+    node: Node, mps: dict[str, object], device: str, kind: str, message: str
+) -> None:
+    """A pinned-memory limit above the device's memory would mean no limit at all."""
+    cfg = gpu_config({"strategy": "MPS", "mpsConfig": mps}, kind=kind)
+    with pytest.raises(PrepareError) as err:
+        node.preparer().prepare(claim(devices=[("gpu", device)], configs=[cfg]))
+    assert message in str(err.value)
+    assert err.value.permanent
+    assert node.calls() == [] and entries(node) == {}
+    fits = gpu_config({"strategy": "MPS", "mpsConfig": {"defaultPinnedDeviceMemoryLimit": "80Gi"}})
+    assert node.preparer().prepare(claim(devices=[("gpu", "gpu-3")], configs=[fits]))
+
+
+@pytest.mark.parametrize(
     ("value", "expected"),
     [
         ("1e999999999", "'1e999999999' is out of range; the maximum is 8Ei"),

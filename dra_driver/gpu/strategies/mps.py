@@ -35,6 +35,7 @@ from dra_driver.gpu.config import (
     obj,
     parse_quantity,
 )
+from dra_driver.gpu.inventory import Gpu, MigInstance
 from dra_driver.gpu.mpsdaemons import MpsDaemons, mps_id, recorded_id
 from dra_driver.gpu.shares import is_fractional
 from dra_driver.gpu.sharing import GpuCommands
@@ -115,6 +116,23 @@ def pinned_limits(mps: Mps, uuids: Sequence[str], where: str) -> dict[str, int]:
     return limits
 
 
+def check_pinned_fits(pinned: dict[str, int], targets: Sequence[Target], where: str) -> None:
+    """A limit above the device's memory would silently mean no limit at all: refused,
+    naming the device and its memory."""
+    for target in targets:
+        device = target.device
+        memory = device.memory_bytes if isinstance(device, Gpu) else None
+        if isinstance(device, MigInstance):
+            memory = device.profile.memory_bytes
+        limit = pinned.get(target.uuid)
+        if memory is not None and limit is not None and limit > memory:
+            raise ConfigError(
+                f"{where}: sharing.mpsConfig: the pinned memory limit of device {target.name} "
+                f"({target.uuid}) is {limit // MIB}Mi, more than its {memory // MIB}Mi of "
+                "memory; use at most that, or no limit"
+            )
+
+
 class MpsStrategy:
     name = NAME
     config = MpsDecoder()
@@ -138,12 +156,14 @@ class MpsStrategy:
         problem = self._daemons.depth_problem(daemon_id)
         if problem is not None:
             raise ConfigError(f"{config.origin}: MPS is not available on this node: {problem}")
+        pinned = pinned_limits(settings, uuids, config.origin)
+        check_pinned_fits(pinned, targets, config.origin)
         record = {
             "daemonId": daemon_id,
             "uuids": uuids,
             "exclusive": exclusive,
             "activeThreadPercentage": settings.active_thread_percentage,
-            "pinnedMemory": pinned_limits(settings, uuids, config.origin),
+            "pinnedMemory": pinned,
         }
         names = tuple(dict.fromkeys(t.name for t in targets))
         return [Unit(NAME, names, gpus=tuple(exclusive), record=record)]
