@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from dra_driver.demo.realgpu import RealGpuNode, keep_running
+from dra_driver.demo.realgpu import RealGpuNode
 from dra_driver.demo.stack import load_examples, pin_to_node
 from dra_driver.devcluster import Cluster, wait_until
 from dra_driver.devcluster.binaries import NodeBinaries
@@ -24,7 +24,7 @@ from dra_driver.gpu.emulation import EmulatedNode
 from tests.e2e.conftest import real_gpu_node
 from tests.e2e.helm import build_helm, render
 from tests.e2e.monitoring import PrometheusServer, build_prometheus
-from tests.e2e.scenarios import EXAMPLES
+from tests.e2e.scenarios import EXAMPLES, apply_claimed_pod
 
 VALUES = {"health.checkIntervalSeconds": "1", "metrics.usageIntervalSeconds": "1"}
 # What Grafana puts in for the variables: "All" (allValue .*), the default idle
@@ -92,18 +92,7 @@ def run_and_check(
     prometheus: PrometheusServer,
 ) -> None:  # fmt: skip
     # A running claim, a pod whose claim fails to prepare, a tainted device.
-    cluster.apply({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-                   "metadata": {"name": "trainer", "namespace": ns},
-                   "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
-                       "deviceClassName": "gpu.nvidia.com"}}]}}})  # fmt: skip
-    cluster.apply(keep_running(pin_to_node([{
-        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "trainer-0", "namespace": ns},
-        "spec": {"restartPolicy": "Never",
-                 "resourceClaims": [{"name": "gpu", "resourceClaimName": "trainer"}],
-                 "containers": [{"name": "main", "image": "busybox:1.36",
-                                 "command": ["sh", "-c", "true"],
-                                 "resources": {"claims": [{"name": "gpu"}]}}]},
-    }], node.name)))  # fmt: skip
+    apply_claimed_pod(cluster, node.name, ns, "trainer", "trainer-0")
     node.run_pod(ns, "trainer-0")
     bad_ns = f"{ns}-bad"
     cluster.create_namespace(bad_ns)

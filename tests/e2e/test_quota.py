@@ -8,8 +8,6 @@ quota's message; deleting one frees its share."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,20 +16,10 @@ from dra_driver.demo.realgpu import RealGpuNode, keep_running
 from dra_driver.demo.stack import RESOURCE_API, load_examples, pin_to_node
 from dra_driver.devcluster import Cluster, wait_until
 from dra_driver.devcluster.api import ApiError
-from dra_driver.devcluster.binaries import NodeBinaries
-from tests.e2e.conftest import real_gpu_node
 from tests.e2e.scenarios import EXAMPLES
 
 DEVICES = "gpu.nvidia.com.deviceclass.resource.k8s.io/devices"
 EXTENDED = "requests.nvidia.com/gpu"
-
-
-@pytest.fixture(scope="module")
-def l4_node(
-    cluster: Cluster, driver_objects: list[str], node_binaries: NodeBinaries, helm_binary: Path
-) -> Iterator[RealGpuNode]:
-    with real_gpu_node(cluster, node_binaries, helm_binary, "l4-x4") as node:
-        yield node
 
 
 def gpu_claim(name: str, count: int = 1) -> dict[str, Any]:
