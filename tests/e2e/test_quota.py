@@ -108,6 +108,32 @@ def test_claims_past_the_quota_are_refused_at_creation_until_one_is_deleted(
     with pytest.raises(ApiError, match="exceeded quota: gpu-quota"):
         create_claim(cluster, ns, gpu_claim("pair", count=2))
 
+    # A claim from a template is checked when the controller creates it for the pod:
+    # the pod waits, and its event carries the quota's message.
+    cluster.apply([
+        {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+         "metadata": {"name": "pair", "namespace": ns},
+         "spec": {"spec": gpu_claim("pair", count=2)["spec"]}},
+        {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "pair-user", "namespace": ns},
+         "spec": {"resourceClaims": [{"name": "gpus", "resourceClaimTemplateName": "pair"}],
+                  "containers": [{"name": "main", "image": "busybox:1.36",
+                                  "resources": {"claims": [{"name": "gpus"}]}}]}},
+    ])  # fmt: skip
+
+    def refused_for_pod() -> str:
+        events = cluster.rest.get(
+            f"/api/v1/namespaces/{ns}/events",
+            {"fieldSelector": "involvedObject.name=pair-user,reason=FailedResourceClaimCreation"},
+        )
+        return " ".join(e.get("message", "") for e in events["items"])
+
+    message = wait_until(refused_for_pod, timeout=30, what="the template claim refused")
+    assert "exceeded quota: gpu-quota" in message, message
+    assert cluster.rest.get(f"/api/v1/namespaces/{ns}/pods/pair-user")["status"]["phase"] == (
+        "Pending"
+    )
+    cluster.rest.delete(f"/api/v1/namespaces/{ns}/pods/pair-user")
+
 
 def test_pods_asking_for_nvidia_com_gpu_share_the_quota_with_claims(
     cluster: Cluster, cluster_namespace: str, l4_node: RealGpuNode
