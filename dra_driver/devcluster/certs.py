@@ -165,22 +165,46 @@ def issue_client_cert(
     """A client certificate signed by the run's CA, e.g. ``system:node:<name>`` in
     ``system:nodes`` for a kubelet (the Node authorizer keys on exactly that).
     Returns ``(cert, key)`` paths; the key is written 0600."""
+    return _issue(certs, directory, _name(common_name, organization),
+                  ExtendedKeyUsageOID.CLIENT_AUTH, None)  # fmt: skip
+
+
+def issue_serving_cert(certs: ClusterCerts, directory: Path, common_name: str) -> tuple[Path, Path]:
+    """A serving certificate for 127.0.0.1 signed by the run's CA: for a component the
+    API server calls back (an admission webhook at ``https://127.0.0.1:<port>``), which
+    it verifies against that CA. Returns ``(cert, key)`` paths; the key is written 0600."""
+    san = x509.SubjectAlternativeName(
+        [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+    )
+    return _issue(certs, directory, _name(common_name), ExtendedKeyUsageOID.SERVER_AUTH, san)
+
+
+def _issue(
+    certs: ClusterCerts,
+    directory: Path,
+    subject: x509.Name,
+    usage: x509.ObjectIdentifier,
+    san: x509.SubjectAlternativeName | None,
+) -> tuple[Path, Path]:
     ca_cert = x509.load_pem_x509_certificate(certs.ca_cert.read_bytes())
     ca_key = serialization.load_pem_private_key(certs.ca_key.read_bytes(), password=None)
     if not isinstance(ca_key, ec.EllipticCurvePrivateKey):
         raise TypeError(f"{certs.ca_key}: expected an EC CA key")
     key = ec.generate_private_key(ec.SECP256R1())
-    cert = (
-        _builder(_name(common_name, organization), ca_cert.subject, key.public_key())
+    builder = (
+        _builder(subject, ca_cert.subject, key.public_key())
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+        .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
         .add_extension(
             x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), False
         )
-        .sign(ca_key, hashes.SHA256())
     )
+    if san is not None:
+        builder = builder.add_extension(san, critical=False)
+    cert = builder.sign(ca_key, hashes.SHA256())
     directory.mkdir(parents=True, exist_ok=True)
-    stem = common_name.replace(":", "-")
+    common_name = subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value
+    stem = str(common_name).replace(":", "-")
     cert_path, key_path = directory / f"{stem}.crt", directory / f"{stem}.key"
     cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
     _write_private(key_path, _key_pem(key))

@@ -42,6 +42,10 @@ DRA_CONTROLLERS: tuple[str, ...] = (
     "root-ca-certificate-publisher-controller",
     # The chart's DaemonSet runs its plugin pod on real nodes.
     "daemonset-controller",
+    # ResourceQuota admission refuses objects until this controller has filled in a
+    # quota's status; batch Jobs (Kueue's gang admission) need their controller.
+    "resourcequota-controller",
+    "job-controller",
 )
 """kube-controller-manager controller names (``--controllers``) that DRA relies on."""
 

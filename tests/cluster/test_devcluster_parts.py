@@ -24,8 +24,9 @@ from dra_driver.devcluster import (
     find_binaries,
     wait_until,
 )
-from dra_driver.devcluster.certs import generate_certs
+from dra_driver.devcluster.certs import generate_certs, issue_serving_cert
 from dra_driver.devcluster.kubeconfig import write_kubeconfig
+from dra_driver.devcluster.kueue import webhook_configurations
 from dra_driver.devcluster.processes import Component, free_loopback_ports
 
 
@@ -176,3 +177,50 @@ def test_components_die_with_a_hard_killed_parent(tmp_path: Path) -> None:
         assert _alive(child)
         parent.kill()
     wait_until(lambda: not _alive(child), timeout=10, what=f"orphaned child {child} to die")
+
+
+def test_serving_certificate_for_a_loopback_component_is_signed_by_the_run_ca(
+    tmp_path: Path,
+) -> None:
+    """What the API server verifies when it calls a webhook at https://127.0.0.1:<port>."""
+    certs = generate_certs(tmp_path / "pki")
+    cert_path, key_path = issue_serving_cert(certs, tmp_path / "hook", "kueue-webhook")
+    cert, ca = _cert(cert_path), _cert(certs.ca_cert)
+    cert.verify_directly_issued_by(ca)
+    san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert ipaddress.ip_address("127.0.0.1") in san.get_values_for_type(x509.IPAddress)
+    usage = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    assert list(usage) == [ExtendedKeyUsageOID.SERVER_AUTH]
+    assert cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value == "kueue-webhook"
+    assert key_path.stat().st_mode & 0o777 == 0o600
+
+
+def test_kueue_webhooks_keep_its_kinds_and_jobs_called_by_url() -> None:
+    """Only Kueue's own kinds and batch Jobs (the integration enabled), at the loopback
+    URL with the CA; the Job webhooks limited to the selected namespaces."""
+
+    def hook(name: str, group: str, path: str) -> dict[str, object]:
+        return {"name": name, "failurePolicy": "Fail", "sideEffects": "None",
+                "clientConfig": {"service": {"name": "webhook-service", "namespace": "system",
+                                             "path": path}},
+                "rules": [{"apiGroups": [group], "resources": ["x"]}]}  # fmt: skip
+
+    manifests = [
+        {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
+         "metadata": {"name": "mutating-webhook-configuration"},
+         "webhooks": [hook("mjob.kb.io", "batch", "/mutate-batch-v1-job"),
+                      hook("mpod.kb.io", "", "/mutate--v1-pod"),
+                      hook("mclusterqueue.kb.io", "kueue.x-k8s.io", "/mutate-cq")]},
+        {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingWebhookConfiguration",
+         "metadata": {"name": "validating-webhook-configuration"},
+         "webhooks": [hook("vrayjob.kb.io", "ray.io", "/validate-ray")]},
+    ]  # fmt: skip
+    selector = {"matchLabels": {"team": "a"}}
+    (out,) = webhook_configurations(manifests, url="https://127.0.0.1:9443", ca_bundle=b"CA",
+                                    prefix="kueue-t", namespace_selector=selector)  # fmt: skip
+    assert out["metadata"] == {"name": "kueue-t-mutating-webhook-configuration"}
+    assert [h["name"] for h in out["webhooks"]] == ["mjob.kb.io", "mclusterqueue.kb.io"]
+    job, queue = out["webhooks"]
+    assert job["clientConfig"] == {"url": "https://127.0.0.1:9443/mutate-batch-v1-job",
+                                   "caBundle": "Q0E="}  # fmt: skip
+    assert job["namespaceSelector"] == selector and "namespaceSelector" not in queue

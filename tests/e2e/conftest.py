@@ -153,3 +153,12 @@ def real_a100(
 ) -> Iterator[RealGpuNode]:
     with real_gpu_node(cluster, node_binaries, helm_binary, "dgx-a100") as node:
         yield node
+
+
+@pytest.fixture(scope="module")
+def l4_node(
+    cluster: Cluster, driver_objects: list[str], node_binaries: NodeBinaries, helm_binary: Path
+) -> Iterator[RealGpuNode]:
+    """Four L4s on a real node, the chart's default values."""
+    with real_gpu_node(cluster, node_binaries, helm_binary, "l4-x4") as node:
+        yield node

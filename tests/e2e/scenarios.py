@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from dra_driver.demo.realgpu import keep_running
 from dra_driver.demo.stack import RESOURCE_API, GpuNode, load_examples, pin_to_node
 from dra_driver.devcluster import Cluster, wait_until
 from tests.e2e.helm import ROOT
@@ -15,6 +16,25 @@ EXAMPLES = ROOT / "deploy" / "examples"
 
 def apply_example(cluster: Cluster, node: GpuNode, name: str, namespace: str) -> None:
     cluster.apply(pin_to_node(load_examples(EXAMPLES / name, namespace), node.name))
+
+
+def apply_claimed_pod(
+    cluster: Cluster, node_name: str, namespace: str, claim: str, pod: str
+) -> None:
+    """A claim for one ``gpu.nvidia.com`` GPU and a pod on that node using it, which keeps
+    running (and its claim prepared) until deleted."""
+    cluster.apply({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                   "metadata": {"name": claim, "namespace": namespace},
+                   "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+                       "deviceClassName": "gpu.nvidia.com"}}]}}})  # fmt: skip
+    cluster.apply(keep_running(pin_to_node([{
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": pod, "namespace": namespace},
+        "spec": {"restartPolicy": "Never",
+                 "resourceClaims": [{"name": "gpu", "resourceClaimName": claim}],
+                 "containers": [{"name": "main", "image": "busybox:1.36",
+                                 "command": ["sh", "-c", "true"],
+                                 "resources": {"claims": [{"name": "gpu"}]}}]},
+    }], node_name)))  # fmt: skip
 
 
 def claim_name_of(cluster: Cluster, namespace: str, pod: str, pod_claim: str) -> str:

@@ -72,7 +72,11 @@ def test_metrics_service_and_service_monitor(helm: Path) -> None:
     assert svc["spec"]["selector"] == ds["spec"]["selector"]["matchLabels"]
     assert svc["spec"]["ports"] == [{"name": "metrics", "port": 51515, "targetPort": "health",
                                      "protocol": "TCP"}]  # fmt: skip
-    assert mon["spec"]["endpoints"] == [{"port": "metrics", "path": "/metrics", "interval": "30s"}]
+    assert mon["spec"]["endpoints"] == [{
+        "port": "metrics", "path": "/metrics", "interval": "30s",
+        "relabelings": [{"sourceLabels": ["__meta_kubernetes_pod_node_name"],
+                         "targetLabel": "node"}],
+    }]  # fmt: skip
     assert mon["metadata"]["labels"]["release"] == "prom"
     assert all(mon["spec"]["selector"]["matchLabels"][k] == v
                for k, v in svc["metadata"]["labels"].items()

@@ -6,26 +6,11 @@ with exactly that GPU; deleting the pod unprepares it and the claim goes with th
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
-import pytest
-
 from dra_driver.demo.realgpu import RealGpuNode, keep_running
 from dra_driver.demo.stack import RESOURCE_API, load_examples, pin_to_node
 from dra_driver.devcluster import Cluster, wait_until
-from dra_driver.devcluster.binaries import NodeBinaries
-from tests.e2e.conftest import real_gpu_node
 from tests.e2e.scenarios import EXAMPLES, container_env, gpu_device_nodes, plugin_records
 from tests.images import MULTIARCH
-
-
-@pytest.fixture(scope="module")
-def l4_node(
-    cluster: Cluster, driver_objects: list[str], node_binaries: NodeBinaries, helm_binary: Path
-) -> Iterator[RealGpuNode]:
-    with real_gpu_node(cluster, node_binaries, helm_binary, "l4-x4") as node:
-        yield node
 
 
 def test_plain_pod_asking_for_nvidia_com_gpu_gets_one_gpu(

@@ -23,12 +23,13 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from dra_driver.demo.realgpu import RealGpuNode, keep_running
-from dra_driver.demo.stack import RESOURCE_API, pin_to_node
+from dra_driver.demo.realgpu import RealGpuNode
+from dra_driver.demo.stack import RESOURCE_API
 from dra_driver.devcluster import Cluster, wait_until
 from dra_driver.devcluster.binaries import NodeBinaries
 from dra_driver.gpu.emulation import EmulatedNode
 from tests.e2e.conftest import real_gpu_node
+from tests.e2e.scenarios import apply_claimed_pod
 
 VALUES = {
     "health.checkIntervalSeconds": "1",
@@ -75,18 +76,7 @@ def test_claim_status_usage_metrics_and_report_follow_a_pod(
     cluster: Cluster, cluster_namespace: str, node: RealGpuNode
 ) -> None:
     ns = cluster_namespace
-    cluster.apply({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-                   "metadata": {"name": "watched", "namespace": ns},
-                   "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
-                       "deviceClassName": "gpu.nvidia.com"}}]}}})  # fmt: skip
-    cluster.apply(keep_running(pin_to_node([{
-        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "worker", "namespace": ns},
-        "spec": {"restartPolicy": "Never",
-                 "resourceClaims": [{"name": "gpu", "resourceClaimName": "watched"}],
-                 "containers": [{"name": "main", "image": "busybox:1.36",
-                                 "command": ["sh", "-c", "true"],
-                                 "resources": {"claims": [{"name": "gpu"}]}}]},
-    }], node.name)))  # fmt: skip
+    apply_claimed_pod(cluster, node.name, ns, "watched", "worker")
     run = node.run_pod(ns, "worker")
     claim = cluster.rest.get(f"{RESOURCE_API}/namespaces/{ns}/resourceclaims/watched")
     (result,) = claim["status"]["allocation"]["devices"]["results"]
