@@ -8,7 +8,7 @@ the emulated root (``emulation/mig-state.json``), changed under an exclusive
 plugin under test, a restarted plugin, the test itself) reads the same
 instances. Without a file (a bare library in a unit test) they live in memory.
 
-Placement rules, as NVML applies them (``nvml.md``):
+Placement rules, as NVML applies them (``docs/nvml.md``):
 
 * a GI takes the memory slices ``[start, start + size)`` of one of its
   profile's possible placements; overlapping an existing GI, or exceeding the
