@@ -44,7 +44,7 @@ test: setup venv
 test-gpu: venv
 	PYTHON=$(VENV)/bin/python scripts/test-gpu
 
-# Benchmarks (figures in the README); not tests, nothing asserts a time.
+# Benchmarks (figures in docs/benchmarks.md); not tests, nothing asserts a time.
 bench: setup venv
 	DRA_K8S_BIN_DIR=$$(scripts/build-k8s.sh) sh -c 'for b in prepare_latency inventory_discovery plugin_prepare prepare_socket e2e_pod_start health_events claims_metrics dynamic_mig cel_engines simulate_throughput explain_latency share_prepare real_pod_start reference_plugin start_to_socket; do echo "== bench.$$b"; $(VENV)/bin/python -m bench.$$b || exit 1; done'
 

@@ -1,4 +1,4 @@
-"""Benchmarks (figures in the README); none is a test.
+"""Benchmarks (figures in docs/benchmarks.md); none is a test.
 
 Most start our plugin as a host process, which installs NVIDIA's ``nvidia-cdi-hook``
 from ``PATH`` at start (the image has it in ``/usr/local/bin``) and prepares nothing

@@ -8,7 +8,7 @@
 #   crds/*.yaml    config/components/crd/bases of the module
 #   webhook.yaml   config/components/webhook/manifests.yaml of the module
 #
-# Prints the directory. Fails loudly; never skips. Cold: see README "Testing".
+# Prints the directory. Fails loudly; never skips. Cold: see docs/testing.md.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

@@ -11,7 +11,7 @@
 #          no Docker): our static pause binary, and the host's static busybox
 #
 # runc is Debian's (scripts/setup-host.sh installs it; `make` runs that).
-# Fails loudly; never skips. Measured: see README "Testing".
+# Fails loudly; never skips. Measured: see docs/testing.md.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

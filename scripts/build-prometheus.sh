@@ -4,7 +4,7 @@
 # keyed by go.mod/go.sum. Only the two commands, without any service-discovery
 # plugin (tag remove_all_sd: the tests scrape static loopback targets) and
 # without the web UI's assets (the HTTP API is all the tests use). Prints the
-# bin directory. Fails loudly; never skips. Cold: see README "Testing".
+# bin directory. Fails loudly; never skips. Cold: see docs/testing.md.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

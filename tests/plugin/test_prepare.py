@@ -210,7 +210,7 @@ def _grpc_threads() -> set[threading.Thread]:
 
 def test_the_first_burst_after_a_start_starts_no_thread(start_plugin: StartPlugin) -> None:
     """Every gRPC worker runs before the first call: a pool that started one per call
-    put 15 thread starts into the first burst's dispatch (README "Benchmarks")."""
+    put 15 thread starts into the first burst's dispatch (docs/benchmarks.md)."""
     before = _grpc_threads()  # other tests' plugins may still be ending theirs
     run = start_plugin(FakeBackend(delay_s=0.1, supports_parallel_claims=True))
     ours = _grpc_threads() - before
