@@ -236,12 +236,16 @@ def trial(
                 list(pool.map(kubelet.unprepare, concurrent))
         time.sleep(BURST_SETTLE_S)  # API calls a plugin defers past the bursts count too
         control_plane = _control_plane_cpu_s(cluster) - control_plane
-        before = _proc_stat(proc.pid)
+        before = _proc_stat(proc.pid)  # threads now: after the bursts
         for _ in range(cycles):
             kubelet.prepare(single)
             kubelet.unprepare(single)
         after = _proc_stat(proc.pid)
         kubelet.close()
+        signalled = time.perf_counter()
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+        exited = time.perf_counter()
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -259,6 +263,9 @@ def trial(
         "prepare_16_concurrent_p50_ms": statistics.median(par),
         "cpu_s_per_1000_cycles": (after["cpu_s"] - before["cpu_s"]) * 1000 / cycles,
         "control_plane_cpu_ms_per_burst": control_plane * 1000 / BURSTS,
+        "threads_idle": idle["threads"],
+        "threads_after_bursts": before["threads"],
+        "sigterm_to_exit_ms": (exited - signalled) * 1000,
     }
 
 

@@ -284,6 +284,8 @@ def _gpu_driver(settings: DaemonSettings, stack: ExitStack, registry: Registry) 
         cdi_hook=HookPlacement(
             path=gpu.cdi_hook_path, local=gpu.cdi_hook_local_path, source=gpu.cdi_hook_source
         ),
+        # The process exits next: an NVML event wait (up to 0.5 s) is not waited out.
+        stop_wait_s=0.1,
     )
 
 

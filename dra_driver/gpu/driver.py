@@ -93,6 +93,7 @@ class GpuDriver:
         mig_mode: MigMode = "static",
         consumable: ConsumableGpus | None = None,
         cdi_hook: cdihook.HookPlacement | None = None,
+        stop_wait_s: float | None = None,
     ) -> None:
         """Runs the first discovery now, so a node without a usable driver fails at start,
         then finishes whatever prepare or unprepare a previous process left half done.
@@ -107,6 +108,8 @@ class GpuDriver:
         :mod:`dra_driver.gpu.shares`). ``cdi_hook``: where NVIDIA's ``nvidia-cdi-hook`` goes
         on the host and where it comes from (installed now; None: the specs name the
         toolkit's ``/usr/bin/nvidia-cdi-hook`` and nothing is installed or checked).
+        ``stop_wait_s``: how long :meth:`stop_background` waits for the health monitor's
+        NVML event waits (None: all of them; the daemon, about to exit, waits 0.1 s).
         """
         self._driver_name = driver_name
         self._pool_name = pool_name
@@ -117,6 +120,7 @@ class GpuDriver:
         self._mig_mode: MigMode = mig_mode
         self._consumable = consumable or ConsumableGpus()
         self._lock = threading.Lock()
+        self._stop_wait_s = stop_wait_s
         self._monitor = (
             HealthMonitor(
                 nvml=Nvml(observer=nvml_observer),
@@ -299,7 +303,7 @@ class GpuDriver:
         if self._usage is not None:
             self._usage.stop()
         if self._monitor is not None:
-            self._monitor.stop()
+            self._monitor.stop(wait_s=self._stop_wait_s)
 
     def _sharing(self) -> dict[str, str]:
         names = {

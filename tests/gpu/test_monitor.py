@@ -197,3 +197,32 @@ def test_no_thread_runs_before_the_plugin_starts_the_monitor(make_node, tmp_path
         driver.refresh()
         names = [t.name for t in threading.enumerate()]
         assert not [n for n in names if n.startswith(("nvml-events-", "gpu-health-check"))]
+
+
+def test_stop_at_exit_does_not_wait_out_nvml_event_waits(make_node) -> None:
+    """SIGTERM to exit took the event wait's length (nvmlEventSetWait cannot be woken):
+    with a deadline the monitor returns at once and leaves NVML for the process's exit
+    (no nvmlShutdown while a wait is in it); without one it waits and shuts NVML down."""
+    from dra_driver.gpu.monitor import HealthMonitor
+    from dra_driver.gpu.nvml import Nvml
+
+    node = make_node("l4-x4")
+    with node.nvml():
+        inventory = discover(node.host, LOG)
+        for wait_s in (0.1, None):
+            monitor = HealthMonitor(nvml=Nvml(), policy=FAST, logger=LOG, event_wait_ms=3000)
+            monitor.start(inventory)
+            time.sleep(0.3)  # every event thread is inside its 3 s wait now
+            started = time.monotonic()
+            monitor.stop(wait_s=wait_s)
+            took = time.monotonic() - started
+            if wait_s is not None:
+                assert took < 1.0
+                assert monitor._started  # NVML left initialised: a wait is still in it
+                for thread in threading.enumerate():  # let the waits end before NVML goes
+                    if thread.name.startswith("nvml-events-"):
+                        thread.join(timeout=5)
+            else:
+                assert took > 1.0
+                assert not monitor._started
+                assert not [t for t in threading.enumerate() if t.name.startswith("nvml-events-")]
