@@ -15,8 +15,9 @@ import pytest
 
 from dra_driver.gpu.discovery import discover
 from dra_driver.gpu.emulation import EmulatedNode
+from dra_driver.gpu.emulation.hardware import REALISTIC_CALL_DELAYS, ProfileError
 from dra_driver.gpu.emulation.hosttree import ci_cap_minor, gi_cap_minor
-from dra_driver.gpu.emulation.profile import REALISTIC_CALL_DELAYS, ProfileError, call_delays
+from dra_driver.gpu.emulation.profile import call_delays
 from dra_driver.gpu.nvml import Nvml, NvmlError
 
 A100_PROFILES = {"1g.10gb": 19, "1g.10gb+me": 20, "1g.20gb": 15, "2g.20gb": 14, "3g.40gb": 9,

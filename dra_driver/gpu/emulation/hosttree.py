@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dra_driver.gpu.emulation.elfstub import shared_object
-from dra_driver.gpu.emulation.profile import EmulatedGpu, EmulatedProfile
+from dra_driver.gpu.emulation.hardware import EmulatedGpu, EmulatedProfile
 from dra_driver.gpu.hostpaths import HostPaths
 
 NVIDIA_MAJOR = 195

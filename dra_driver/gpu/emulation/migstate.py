@@ -45,8 +45,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dra_driver.gpu.emulation.hardware import EmulatedGpu, EmulatedMigProfile, EmulatedProfile
 from dra_driver.gpu.emulation.hosttree import remove_mig_caps, write_mig_caps
-from dra_driver.gpu.emulation.profile import EmulatedGpu, EmulatedMigProfile, EmulatedProfile
 from dra_driver.gpu.hostpaths import HostPaths
 
 # NVML return codes the rules produce (nvml.h).

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from dra_driver.gpu.emulation.hardware import EmulatedGpu, EmulatedProfile
 from dra_driver.gpu.emulation.migstate import (
     ERROR_IN_USE,
     ERROR_INSUFFICIENT_RESOURCES,
@@ -23,7 +24,6 @@ from dra_driver.gpu.emulation.migstate import (
     MigDevice,
     MigState,
 )
-from dra_driver.gpu.emulation.profile import EmulatedGpu, EmulatedProfile
 from dra_driver.gpu.emulation.runtime import (
     EVENT_DOUBLE_BIT_ECC,
     EVENT_RECOVERY_ACTION,

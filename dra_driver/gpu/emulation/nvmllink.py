@@ -12,6 +12,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+from dra_driver.gpu.emulation.hardware import EmulatedGpu
 from dra_driver.gpu.emulation.nvmlcore import (
     ERROR_ARGUMENT_VERSION_MISMATCH,
     ERROR_INVALID_ARGUMENT,
@@ -21,7 +22,6 @@ from dra_driver.gpu.emulation.nvmlcore import (
     as_int,
     deref,
 )
-from dra_driver.gpu.emulation.profile import EmulatedGpu
 
 NVLINK_DEVICE_TYPE_GPU = 0
 NVLINK_DEVICE_TYPE_SWITCH = 2

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from dra_driver.gpu.emulation.hardware import EmulatedGpu
 from dra_driver.gpu.emulation.migstate import (
     CI_SLICES_BY_PROFILE,
     ERROR_IN_USE,
@@ -35,7 +36,6 @@ from dra_driver.gpu.emulation.nvmlcore import (
     deref,
     store_handle,
 )
-from dra_driver.gpu.emulation.profile import EmulatedGpu
 
 
 class MigCalls(LibraryCore):

@@ -11,14 +11,27 @@ odd NVML answer.
 from __future__ import annotations
 
 import uuid as uuidlib
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from dra_driver.errors import DriverError
+from dra_driver.gpu.emulation.hardware import (
+    ARCHITECTURES,
+    BRANDS,
+    DRIVER_LAYOUTS,
+    GI_PROFILES,
+    REALISTIC_CALL_DELAYS,
+    EmulatedFabric,
+    EmulatedGpu,
+    EmulatedMigInstance,
+    EmulatedMigProfile,
+    EmulatedModel,
+    EmulatedProfile,
+    ProfileError,
+)
 from dra_driver.yamlfiles import safe_load
 
 BUILTIN_PROFILES: tuple[str, ...] = (
@@ -34,154 +47,8 @@ BUILTIN_PROFILES: tuple[str, ...] = (
     "hgx-h100-fabric",
 )
 
-DRIVER_LAYOUTS = ("debian", "rhel", "gke")
-"""Driver installations an emulated node can have (``driverLayout``; hosttree.LAYOUTS)."""
-# Brand and architecture names as the NVML enums spell them (NVML_BRAND_<x>, NVML_DEVICE_ARCH_<x>).
-_BRANDS = ("NVIDIA", "TESLA", "QUADRO", "GEFORCE", "TITAN", "NVIDIA_RTX", "QUADRO_RTX")
-_ARCHITECTURES = (
-    "KEPLER",
-    "MAXWELL",
-    "PASCAL",
-    "VOLTA",
-    "TURING",
-    "AMPERE",
-    "ADA",
-    "HOPPER",
-    "BLACKWELL",
-)
-_GI_PROFILES = (
-    "1_SLICE",
-    "2_SLICE",
-    "3_SLICE",
-    "4_SLICE",
-    "7_SLICE",
-    "8_SLICE",
-    "6_SLICE",
-    "1_SLICE_REV1",
-    "2_SLICE_REV1",
-    "1_SLICE_REV2",
-)
-REALISTIC_CALL_DELAYS: dict[str, float] = {
-    "nvmlDeviceCreateGpuInstanceWithPlacement": 1.0,
-    "nvmlDeviceCreateGpuInstance": 1.0,
-    "nvmlGpuInstanceDestroy": 1.0,
-    "nvmlGpuInstanceCreateComputeInstance": 0.2,
-    "nvmlComputeInstanceDestroy": 0.2,
-}
-"""Seconds a MIG change takes on a real A100/H100, for ``callDelays: realistic``.
-
-ESTIMATES, not measurements (no GPU was lent to measure them): NVIDIA's dynamic-MIG
-driver notes give creating and destroying a GPU instance as "O(1 s)"
-(perf-anchors.md); compute instances are taken as a fifth of that. Override per
-function with a ``callDelays`` mapping in the profile."""
-
 # Deterministic UUIDs: the same profile always yields the same GPU UUIDs.
 _UUID_NAMESPACE = uuidlib.UUID("5b0c6f3e-2a43-4c1e-9a1e-6d0f2f6b9a10")
-
-
-class ProfileError(DriverError, ValueError):
-    """A profile name or file is unknown or malformed; the message names the field."""
-
-
-@dataclass(frozen=True)
-class EmulatedMigProfile:
-    name: str
-    nvml_profile: str
-    """Suffix of the ``NVML_GPU_INSTANCE_PROFILE_<x>`` constant (the query index)."""
-    id: int
-    slices: int
-    instances: int
-    multiprocessors: int
-    copy_engines: int
-    decoders: int
-    encoders: int
-    jpeg_engines: int
-    ofa_engines: int
-    memory_mib: int
-    placements: tuple[int, ...]
-    placement_size: int
-
-
-@dataclass(frozen=True)
-class EmulatedModel:
-    product_name: str
-    brand: str
-    architecture: str
-    compute_capability: tuple[int, int]
-    memory_mib: int
-    reserved_mib: int
-    multiprocessors: int
-    cores_per_multiprocessor: int
-    pci_device_id: int
-    pci_subsystem_id: int
-    pcie_generation: int
-    pcie_link_width: int
-    ecc: bool
-    mig_profiles: tuple[EmulatedMigProfile, ...] = ()
-    nvlinks: int = 0
-    """NVLink ports on the board (0: none); links beyond answer INVALID_ARGUMENT."""
-
-    def mig_profile(self, name: str) -> EmulatedMigProfile | None:
-        return next((p for p in self.mig_profiles if p.name == name), None)
-
-
-@dataclass(frozen=True)
-class EmulatedMigInstance:
-    profile: EmulatedMigProfile
-    start: int
-    gi_id: int
-    ci_id: int
-    uuid: str
-
-
-@dataclass(frozen=True)
-class EmulatedFabric:
-    """GPU fabric membership (multi-node NVLink), as ``nvmlDeviceGetGpuFabricInfoV`` reports it."""
-
-    cluster_uuid: str
-    clique_id: int
-    state: int = 3
-    """``NVML_GPU_FABRIC_STATE_*``: 3 = completed (registered with the fabric manager)."""
-
-
-@dataclass(frozen=True)
-class EmulatedGpu:
-    index: int
-    model: EmulatedModel
-    bus_id: str
-    """Lower-case ``dddd:bb:dd.f``."""
-    pcie_root: str
-    numa_node: int
-    minor: int
-    uuid: str
-    mig_enabled: bool = False
-    mig_instances: tuple[EmulatedMigInstance, ...] = ()
-    faults: dict[str, int] = field(default_factory=dict)
-    """C function name (or ``*``) -> NVML return code, injected for this GPU only."""
-    nvlink_peers: tuple[tuple[int, int], ...] = ()
-    """``(link, peer GPU index)`` for links bridged to another GPU of the node."""
-    fabric: EmulatedFabric | None = None
-    """Set on GPUs of a multi-node NVLink fabric: every link goes to an NVSwitch."""
-
-
-@dataclass(frozen=True)
-class EmulatedProfile:
-    name: str
-    driver_version: str
-    cuda_driver_version: int
-    """As NVML returns it: ``13000`` for CUDA 13.0."""
-    gpus: tuple[EmulatedGpu, ...]
-    source: str
-    """The YAML text the profile came from (copied into the emulated root for tools)."""
-    numa_distances: tuple[tuple[int, ...], ...] = ()
-    """SLIT distances between NUMA nodes (``node<N>/distance`` in sysfs), row per node."""
-    call_delays: dict[str, float] = field(default_factory=dict)
-    """C function name -> seconds each call takes (emulated hardware latency)."""
-    device_node_delay: float = 0.0
-    """Seconds after a MIG instance is created until its ``/dev/nvidia-caps`` nodes exist."""
-    driver_layout: str = "debian"
-    """Where the driver's files sit under its root (:data:`~.hosttree.LAYOUTS`): ``debian``
-    (multiarch lib dir), ``rhel`` (``usr/lib64``) or ``gke`` (``lib64`` and ``bin``)."""
 
 
 def _get(data: dict[str, Any], key: str, where: str, kind: type, default: Any = ...) -> Any:
@@ -213,8 +80,8 @@ def _mig_profile(data: Any, where: str) -> EmulatedMigProfile:
     }  # fmt: skip
     _check_keys(data, keys, where)
     nvml_profile = str(_get(data, "nvmlProfile", where, (str, int)))  # type: ignore[arg-type]
-    if nvml_profile not in _GI_PROFILES:
-        raise ProfileError(f"{where}.nvmlProfile: {nvml_profile!r} not one of {list(_GI_PROFILES)}")
+    if nvml_profile not in GI_PROFILES:
+        raise ProfileError(f"{where}.nvmlProfile: {nvml_profile!r} not one of {list(GI_PROFILES)}")
     placements = _get(data, "placements", where, list)
     if not all(isinstance(p, int) and 0 <= p < 8 for p in placements):
         raise ProfileError(
@@ -248,11 +115,11 @@ def _model(data: Any, where: str) -> EmulatedModel:
     }  # fmt: skip
     _check_keys(data, keys, where)
     brand = _get(data, "brand", where, str)
-    if brand not in _BRANDS:
-        raise ProfileError(f"{where}.brand: {brand!r} not one of {list(_BRANDS)}")
+    if brand not in BRANDS:
+        raise ProfileError(f"{where}.brand: {brand!r} not one of {list(BRANDS)}")
     arch = _get(data, "architecture", where, str)
-    if arch not in _ARCHITECTURES:
-        raise ProfileError(f"{where}.architecture: {arch!r} not one of {list(_ARCHITECTURES)}")
+    if arch not in ARCHITECTURES:
+        raise ProfileError(f"{where}.architecture: {arch!r} not one of {list(ARCHITECTURES)}")
     cc = str(_get(data, "computeCapability", where, (str, float)))  # type: ignore[arg-type]
     major, _, minor = cc.partition(".")
     if not (major.isdigit() and minor.isdigit()):
