@@ -23,7 +23,8 @@ from typing import Any
 from dra_driver.demo.chart import find_helm
 from dra_driver.demo.pluginimage import build as build_image
 from dra_driver.demo.pluginimage import image_cache
-from dra_driver.demo.realgpu import RealGpuNode, RealGpuNodePod, keep_running
+from dra_driver.demo.realgpu import RealGpuNode, keep_running
+from dra_driver.demo.realgpupod import RealGpuNodePod
 from dra_driver.demo.stack import RESOURCE_API, install_driver_objects, load_examples
 from dra_driver.devcluster import Cluster, find_binaries, wait_until
 from dra_driver.devcluster.binaries import find_node_binaries

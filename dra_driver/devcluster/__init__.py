@@ -18,7 +18,8 @@ if _missing:
 
 from dra_driver.devcluster.api import ApiError, ToolClient, api_client
 from dra_driver.devcluster.binaries import Binaries, BinariesError, find_binaries
-from dra_driver.devcluster.cluster import DRA_CONTROLLERS, Cluster, ClusterOptions, StartupTimes
+from dra_driver.devcluster.cluster import Cluster, StartupTimes
+from dra_driver.devcluster.controlplane import DRA_CONTROLLERS, ClusterOptions
 from dra_driver.devcluster.processes import ComponentError
 from dra_driver.devcluster.wait import wait_until
 

@@ -16,7 +16,7 @@ import shutil
 import ssl
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, overload
@@ -24,6 +24,13 @@ from typing import TYPE_CHECKING, Any, overload
 from dra_driver.devcluster.api import ApiError, JsonObject, ToolClient, api_client
 from dra_driver.devcluster.binaries import Binaries
 from dra_driver.devcluster.certs import ClusterCerts, generate_certs
+from dra_driver.devcluster.controlplane import (
+    ClusterOptions,
+    apiserver_argv,
+    controller_manager_argv,
+    etcd_argv,
+    scheduler_argv,
+)
 from dra_driver.devcluster.kubeconfig import write_kubeconfig
 from dra_driver.devcluster.processes import Component, ComponentError, free_loopback_ports, http_ok
 
@@ -32,36 +39,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-DRA_CONTROLLERS: tuple[str, ...] = (
-    "resourceclaim-controller",
-    "device-taint-eviction-controller",
-    "garbage-collector-controller",
-    # Pods get projected ServiceAccount tokens (ServiceAccount admission is on):
-    # every namespace needs its "default" account and the kube-root-ca.crt map.
-    "serviceaccount-controller",
-    "root-ca-certificate-publisher-controller",
-    # The chart's DaemonSet runs its plugin pod on real nodes.
-    "daemonset-controller",
-    # ResourceQuota admission refuses objects until this controller has filled in a
-    # quota's status; batch Jobs (Kueue's gang admission) need their controller.
-    "resourcequota-controller",
-    "job-controller",
-)
-"""kube-controller-manager controller names (``--controllers``) that DRA relies on."""
-
 FIELD_MANAGER = "dra-driver-devcluster"
-SERVICE_CIDR = "10.0.0.0/24"
-
-
-@dataclass(frozen=True)
-class ClusterOptions:
-    """Knobs that change what the components run with; defaults are upstream defaults."""
-
-    feature_gates: Mapping[str, bool] = field(default_factory=dict)
-    runtime_config: Mapping[str, str] = field(default_factory=dict)
-    controllers: tuple[str, ...] = DRA_CONTROLLERS
-    start_timeout: float = 120.0
-    verbosity: int = 2
 
 
 @dataclass(frozen=True)
@@ -136,67 +114,18 @@ class Cluster:
         certs = self._certs = generate_certs(self.workdir / "pki")
         etcd_client, etcd_peer, api_port, sched_port, kcm_port = free_loopback_ports(5)
         self.server = f"https://127.0.0.1:{api_port}"
-        gates = ",".join(
-            f"{k}={str(v).lower()}" for k, v in sorted(self.options.feature_gates.items())
-        )
-        gate_args = [f"--feature-gates={gates}"] if gates else []
-        verbosity = f"--v={self.options.verbosity}"
-
         etcd_url = f"http://127.0.0.1:{etcd_client}"
-        peer_url = f"http://127.0.0.1:{etcd_peer}"
         etcd = self._component(
-            "etcd",
-            [
-                str(self.binaries.etcd),
-                "--name=default",
-                f"--data-dir={self.workdir / 'etcd-data'}",
-                f"--listen-client-urls={etcd_url}",
-                f"--advertise-client-urls={etcd_url}",
-                f"--listen-peer-urls={peer_url}",
-                f"--initial-advertise-peer-urls={peer_url}",
-                f"--initial-cluster=default={peer_url}",
-                "--unsafe-no-fsync=true",
-            ],
+            "etcd", etcd_argv(self.binaries, self.workdir / "etcd-data", etcd_client, etcd_peer)
         )
         etcd_s = etcd.wait_healthy(lambda: self._etcd_healthy(etcd_url), deadline)
-
-        disabled_admission = ["TaintNodesByCondition"]
-        if "serviceaccount-controller" not in self.options.controllers:
-            disabled_admission.insert(0, "ServiceAccount")
-        runtime_config = ",".join(
-            f"{k}={v}" for k, v in sorted(self.options.runtime_config.items())
-        )
         apiserver = self._component(
             "kube-apiserver",
-            [
-                str(self.binaries.kube_apiserver),
-                f"--etcd-servers={etcd_url}",
-                "--bind-address=127.0.0.1",
-                "--advertise-address=127.0.0.1",
-                f"--secure-port={api_port}",
-                f"--cert-dir={self.workdir / 'apiserver-certs'}",
-                f"--tls-cert-file={certs.serving_cert}",
-                f"--tls-private-key-file={certs.serving_key}",
-                f"--client-ca-file={certs.ca_cert}",
-                f"--service-account-issuer={self.server}",
-                f"--service-account-key-file={certs.sa_public_key}",
-                f"--service-account-signing-key-file={certs.sa_private_key}",
-                "--authorization-mode=Node,RBAC",
-                f"--service-cluster-ip-range={SERVICE_CIDR}",
-                "--allow-privileged=true",
-                # TaintNodesByCondition: it would put not-ready taints on new
-                # Nodes that only the (absent) node-lifecycle controller removes.
-                # ServiceAccount (projected tokens in pods) only when its controller
-                # runs: without it no namespace gets a "default" account.
-                f"--disable-admission-plugins={','.join(disabled_admission)}",
-                # No lease reconciler: it refuses the loopback advertise address.
-                "--endpoint-reconciler-type=none",
-                "--profiling=false",
-                verbosity,
-                *gate_args,
-                *([f"--runtime-config={runtime_config}"] if runtime_config else []),
-            ],
-        )
+            apiserver_argv(
+                self.binaries, self.options, certs, etcd_url=etcd_url, port=api_port,
+                cert_dir=self.workdir / "apiserver-certs",
+            ),
+        )  # fmt: skip
         self._rest = ToolClient(
             api_client(
                 self.server, certs.ca_cert, cert_file=certs.admin_cert, key_file=certs.admin_key
@@ -214,29 +143,13 @@ class Cluster:
             key_file=certs.admin_key,
         )
 
-        serving = [
-            "--bind-address=127.0.0.1",
-            f"--tls-cert-file={certs.serving_cert}",
-            f"--tls-private-key-file={certs.serving_key}",
-            f"--kubeconfig={self.kubeconfig}",
-            "--leader-elect=false",
-            verbosity,
-            *gate_args,
-        ]
         scheduler = self._component(
             "kube-scheduler",
-            [str(self.binaries.kube_scheduler), f"--secure-port={sched_port}", *serving],
+            scheduler_argv(self.binaries, self.options, certs, self.kubeconfig, sched_port),
         )
         kcm = self._component(
             "kube-controller-manager",
-            [
-                str(self.binaries.kube_controller_manager),
-                f"--secure-port={kcm_port}",
-                *serving,
-                "--use-service-account-credentials=false",
-                f"--root-ca-file={certs.ca_cert}",
-                f"--controllers={','.join(self.options.controllers)}",
-            ],
+            controller_manager_argv(self.binaries, self.options, certs, self.kubeconfig, kcm_port),
         )
         sched_s = scheduler.wait_healthy(lambda: self._https_ok(sched_port, "/readyz"), deadline)
         kcm_s = kcm.wait_healthy(lambda: self._https_ok(kcm_port, "/healthz"), deadline)

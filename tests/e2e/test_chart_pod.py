@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from dra_driver.demo.pluginimage import Dockerfile
-from dra_driver.demo.realgpu import RealGpuNodePod, keep_running
+from dra_driver.demo.realgpu import keep_running
+from dra_driver.demo.realgpupod import RealGpuNodePod
 from dra_driver.demo.stack import load_examples, pin_to_node
 from dra_driver.devcluster import Cluster, wait_until
 from dra_driver.devcluster.binaries import NodeBinaries

@@ -1,0 +1,142 @@
+"""The control plane's command lines: what etcd, kube-apiserver, kube-scheduler and
+kube-controller-manager run with, and why each unusual flag is there. Pure functions;
+:class:`~dra_driver.devcluster.cluster.Cluster` starts the processes."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dra_driver.devcluster.binaries import Binaries
+from dra_driver.devcluster.certs import ClusterCerts
+
+DRA_CONTROLLERS: tuple[str, ...] = (
+    "resourceclaim-controller",
+    "device-taint-eviction-controller",
+    "garbage-collector-controller",
+    # Pods get projected ServiceAccount tokens (ServiceAccount admission is on):
+    # every namespace needs its "default" account and the kube-root-ca.crt map.
+    "serviceaccount-controller",
+    "root-ca-certificate-publisher-controller",
+    # The chart's DaemonSet runs its plugin pod on real nodes.
+    "daemonset-controller",
+    # ResourceQuota admission refuses objects until this controller has filled in a
+    # quota's status; batch Jobs (Kueue's gang admission) need their controller.
+    "resourcequota-controller",
+    "job-controller",
+)
+"""kube-controller-manager controller names (``--controllers``) that DRA relies on."""
+
+SERVICE_CIDR = "10.0.0.0/24"
+
+
+@dataclass(frozen=True)
+class ClusterOptions:
+    """Knobs that change what the components run with; defaults are upstream defaults."""
+
+    feature_gates: Mapping[str, bool] = field(default_factory=dict)
+    runtime_config: Mapping[str, str] = field(default_factory=dict)
+    controllers: tuple[str, ...] = DRA_CONTROLLERS
+    start_timeout: float = 120.0
+    verbosity: int = 2
+
+    def gate_args(self) -> list[str]:
+        gates = ",".join(f"{k}={str(v).lower()}" for k, v in sorted(self.feature_gates.items()))
+        return [f"--feature-gates={gates}"] if gates else []
+
+
+def etcd_argv(binaries: Binaries, data_dir: Path, client_port: int, peer_port: int) -> list[str]:
+    etcd_url = f"http://127.0.0.1:{client_port}"
+    peer_url = f"http://127.0.0.1:{peer_port}"
+    return [
+        str(binaries.etcd),
+        "--name=default",
+        f"--data-dir={data_dir}",
+        f"--listen-client-urls={etcd_url}",
+        f"--advertise-client-urls={etcd_url}",
+        f"--listen-peer-urls={peer_url}",
+        f"--initial-advertise-peer-urls={peer_url}",
+        f"--initial-cluster=default={peer_url}",
+        "--unsafe-no-fsync=true",
+    ]
+
+
+def apiserver_argv(
+    binaries: Binaries,
+    options: ClusterOptions,
+    certs: ClusterCerts,
+    *,
+    etcd_url: str,
+    port: int,
+    cert_dir: Path,
+) -> list[str]:
+    server = f"https://127.0.0.1:{port}"
+    disabled_admission = ["TaintNodesByCondition"]
+    if "serviceaccount-controller" not in options.controllers:
+        disabled_admission.insert(0, "ServiceAccount")
+    runtime_config = ",".join(f"{k}={v}" for k, v in sorted(options.runtime_config.items()))
+    return [
+        str(binaries.kube_apiserver),
+        f"--etcd-servers={etcd_url}",
+        "--bind-address=127.0.0.1",
+        "--advertise-address=127.0.0.1",
+        f"--secure-port={port}",
+        f"--cert-dir={cert_dir}",
+        f"--tls-cert-file={certs.serving_cert}",
+        f"--tls-private-key-file={certs.serving_key}",
+        f"--client-ca-file={certs.ca_cert}",
+        f"--service-account-issuer={server}",
+        f"--service-account-key-file={certs.sa_public_key}",
+        f"--service-account-signing-key-file={certs.sa_private_key}",
+        "--authorization-mode=Node,RBAC",
+        f"--service-cluster-ip-range={SERVICE_CIDR}",
+        "--allow-privileged=true",
+        # TaintNodesByCondition: it would put not-ready taints on new
+        # Nodes that only the (absent) node-lifecycle controller removes.
+        # ServiceAccount (projected tokens in pods) only when its controller
+        # runs: without it no namespace gets a "default" account.
+        f"--disable-admission-plugins={','.join(disabled_admission)}",
+        # No lease reconciler: it refuses the loopback advertise address.
+        "--endpoint-reconciler-type=none",
+        "--profiling=false",
+        f"--v={options.verbosity}",
+        *options.gate_args(),
+        *([f"--runtime-config={runtime_config}"] if runtime_config else []),
+    ]
+
+
+def _serving(options: ClusterOptions, certs: ClusterCerts, kubeconfig: Path) -> list[str]:
+    return [
+        "--bind-address=127.0.0.1",
+        f"--tls-cert-file={certs.serving_cert}",
+        f"--tls-private-key-file={certs.serving_key}",
+        f"--kubeconfig={kubeconfig}",
+        "--leader-elect=false",
+        f"--v={options.verbosity}",
+        *options.gate_args(),
+    ]
+
+
+def scheduler_argv(
+    binaries: Binaries, options: ClusterOptions, certs: ClusterCerts, kubeconfig: Path, port: int
+) -> list[str]:
+    return [
+        str(binaries.kube_scheduler),
+        f"--secure-port={port}",
+        *_serving(options, certs, kubeconfig),
+    ]
+
+
+def controller_manager_argv(
+    binaries: Binaries, options: ClusterOptions, certs: ClusterCerts, kubeconfig: Path, port: int
+) -> list[str]:
+    controllers: Sequence[str] = options.controllers
+    return [
+        str(binaries.kube_controller_manager),
+        f"--secure-port={port}",
+        *_serving(options, certs, kubeconfig),
+        "--use-service-account-credentials=false",
+        f"--root-ca-file={certs.ca_cert}",
+        f"--controllers={','.join(controllers)}",
+    ]
