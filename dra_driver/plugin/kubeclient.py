@@ -322,8 +322,8 @@ class Watch:
     def close(self) -> None:
         try:
             self._resp.shutdown()  # wakes a read blocked in another thread
-        except RuntimeError:
-            pass  # read to its end already: the connection went back to the pool
+        except (RuntimeError, ValueError):  # read to its end, or closed before (stop, then
+            pass  # the reader's own finally): nothing left to wake
         finally:
             self._resp.close()  # never back into the pool: the server may still send
 

@@ -166,3 +166,34 @@ def test_kubelet_plugin_context_flag_picks_the_context_and_names_unknown_ones(
     )  # fmt: skip
     assert done.returncode == 1, done.stderr
     assert "context other" in done.stderr and "name other" in done.stderr, done.stderr
+
+
+def test_a_watch_closed_from_another_thread_ends_quietly(cluster: Cluster) -> None:
+    """Stopping the plugin closes the slice watch from the main thread; the watch
+    thread's own close follows. That second close raised urllib3's ValueError, so every
+    stop logged the watch thread as crashed (and a crash is fatal)."""
+    import threading
+
+    client = KubeClient.from_kubeconfig(str(cluster.kubeconfig), pool_size=4)
+    listed = client.request("GET", "/apis/resource.k8s.io/v1/resourceslices")
+    watch = client.watch_resource_slices(
+        field_selector="spec.nodeName=nowhere",
+        resource_version=listed["metadata"]["resourceVersion"], timeout_s=60,
+    )  # fmt: skip
+    errors: list[BaseException] = []
+
+    def read() -> None:
+        try:
+            list(watch)
+        except BaseException as exc:  # whatever escapes is the failure
+            errors.append(exc)
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    time.sleep(0.3)  # the reader is blocked in the response now
+    started = time.monotonic()
+    watch.close()
+    reader.join(timeout=5)
+    assert not reader.is_alive() and time.monotonic() - started < 2
+    assert [type(e).__name__ for e in errors] in ([], ["KubeConnectionError"])
+    client.close()
