@@ -9,9 +9,8 @@ facade of the eight calls the plugin makes, on plain dicts: the library's REST
 client serializes and sends them (``ApiClient.param_serialize`` / ``call_api``),
 and only our JSON bodies are decoded, never its generated models.
 
-Importing the library loads every generated model (~0.6 s, ~36 MB, see
-docs/footprint.md). :meth:`KubeClient.connect` does that; the daemon calls it once
-its sockets are served, and a call made before it waits for it.
+Importing the library loads every generated model (~0.6 s, ~19 MB, docs/footprint.md):
+:meth:`KubeClient.connect` does, once the daemon's sockets serve; earlier calls wait.
 
 Errors (all raised ``from`` the original cause)::
 
