@@ -164,3 +164,50 @@ def test_an_unexpected_failure_answers_500_and_is_logged(served, monkeypatch, ca
         got = raw(server, b"GET /healthz HTTP/1.1\r\n\r\n")
     assert got.startswith(b"HTTP/1.1 500 Internal Server Error\r\n")
     assert "health endpoint request failed" in caplog.text
+
+
+def test_the_daemons_families_keep_the_names_types_and_labels_dashboards_read() -> None:
+    """The chart's rules and dashboard query these exact series; prometheus-client's
+    ``_created`` samples are not served (nothing reads them)."""
+    from dra_driver.gpu.metrics import GpuMetrics
+    from dra_driver.plugin.backend import DeviceHealth
+    from dra_driver.plugin.metrics import PluginMetrics
+    from dra_driver.plugin.resources import Pool
+
+    registry = CollectorRegistry()
+    plugin, gpu = PluginMetrics(registry), GpuMetrics(registry)
+    health = [DeviceHealth(pool="p", device="gpu-0", health="Healthy")]
+    plugin.watch_state(health=lambda: health, pool=Pool, prepared_claims=lambda: 1,
+                       prepared_devices=lambda: 2)  # fmt: skip
+    plugin.operations.observe("prepare", 0.003, "api")
+    plugin.publish.write("update")
+    plugin.publish.conflict()
+    plugin.publish.sync(0.02, ok=False, generation=3)
+    gpu.nvml_call("nvmlDeviceGetUUID", 0.001, 999)
+    gpu.xid("GPU-1", 79)
+    gpu.fault("GPU-1", "xid")
+    body, content_type = exposition(registry)()
+    assert content_type == "text/plain; version=0.0.4; charset=utf-8"
+    got = {
+        f.name: (f.type, sorted({k for s in f.samples for k in s.labels} - {"le"}))
+        for f in text_string_to_metric_families(body.decode())
+    }
+    assert got == {
+        "dra_driver_resourceslice_writes": ("counter", ["operation"]),
+        "dra_driver_resourceslice_conflicts": ("counter", []),
+        "dra_driver_resourceslice_sync_errors": ("counter", []),
+        "dra_driver_resourceslice_sync_duration_seconds": ("histogram", []),
+        "dra_driver_resourceslice_generation": ("gauge", []),
+        "dra_driver_node_operation_duration_seconds": ("histogram", ["operation"]),
+        "dra_driver_node_operation_errors": ("counter", ["operation", "reason"]),
+        "dra_driver_prepared_claims": ("gauge", []),
+        "dra_driver_prepared_devices": ("gauge", []),
+        "dra_driver_device_healthy": ("gauge", ["device", "health", "pool"]),
+        "dra_driver_device_taints": ("gauge", []),  # no taints on an empty pool
+        "dra_driver_nvml_call_duration_seconds": ("histogram", ["function"]),
+        "dra_driver_nvml_errors": ("counter", ["code", "function"]),
+        "dra_driver_gpu_xid_events": ("counter", ["gpu", "xid"]),
+        "dra_driver_gpu_faults": ("counter", ["gpu", "kind"]),
+    }
+    assert b"_created" not in body
+    assert b'dra_driver_node_operation_errors_total{operation="prepare",reason="api"} 1.0' in body
