@@ -127,13 +127,16 @@ class HealthServer:
                     server._log.exception("health endpoint request failed")
                     code, data, content_type = 500, f"{exc}\n".encode(), "text/plain"
                 self.close_connection = True
-                self.send_response(code)
-                self.send_header("Content-Type", content_type)
-                self.send_header("Content-Length", str(len(data)))
-                self.send_header("Connection", "close")
-                self.end_headers()
-                if self.command != "HEAD":
-                    self.wfile.write(data)
+                try:
+                    self.send_response(code)
+                    self.send_header("Content-Type", content_type)
+                    self.send_header("Content-Length", str(len(data)))
+                    self.send_header("Connection", "close")
+                    self.end_headers()
+                    if self.command != "HEAD":
+                        self.wfile.write(data)
+                except OSError:  # hung up: nobody to answer, and no traceback on stderr
+                    pass
 
             do_GET = do_HEAD = do_POST = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = _reply
 
