@@ -4,7 +4,7 @@
 wires, in this order: the plugin layer
 (:class:`~dra_driver.plugin.app.KubeletPlugin`: sockets, registration, slices,
 health, claim cleanup), serving at once, and the HTTP health endpoint; then the
-metrics registry (:mod:`dra_driver.prometheus`), given to the plugin and to
+metrics registry (prometheus-client's ``CollectorRegistry``), given to the plugin and to
 ``/metrics``; then the host (real or emulated GPUs)
 and the GPU driver (discovery, devices, claim preparation; it finishes any
 half-done prepare or unprepare of a previous process), handed to the plugin
@@ -42,10 +42,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dra_driver.errors import DriverError
-from dra_driver.prometheus import Registry
 from dra_driver.settings import DaemonSettings
 
 if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
     from dra_driver.gpu.driver import GpuDriver
     from dra_driver.gpu.inventory import Inventory
     from dra_driver.plugin.app import KubeletPlugin
@@ -174,7 +175,12 @@ def _run(
         )
         health.start()
         stack.callback(health.stop)
-    registry = Registry()
+    # prometheus-client (~30 ms of imports) comes after the sockets and the probes.
+    # Our own registry: the library's global REGISTRY (process and GC collectors it
+    # registers on import) is never served.
+    from prometheus_client import CollectorRegistry
+
+    registry = CollectorRegistry()
     plugin.add_metrics(registry)
     if health is not None and settings.metrics:
         from dra_driver.plugin.metrics import exposition
@@ -221,7 +227,9 @@ def _connect(plugin: KubeletPlugin) -> None:
         pass  # KubeletPlugin.start() connects again and stops the daemon with this error
 
 
-def _gpu_driver(settings: DaemonSettings, stack: ExitStack, registry: Registry) -> GpuDriver:
+def _gpu_driver(
+    settings: DaemonSettings, stack: ExitStack, registry: CollectorRegistry
+) -> GpuDriver:
     """The host (real or emulated), discovery, and the driver that finishes whatever a
     previous process left half done; its metrics go into ``registry``."""
     import dataclasses

@@ -15,13 +15,14 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from prometheus_client import CollectorRegistry
 
 from dra_driver.commands.report import parse_exposition, windows, write_recorded
 from dra_driver.gpu.emulation import EmulatedNode
 from dra_driver.gpu.nvml import Nvml
 from dra_driver.gpu.rightsizing import DeviceWindow, analyse
 from dra_driver.gpu.usage import UsageCollector, UsageSampler, UsageTarget
-from dra_driver.prometheus import Registry
+from dra_driver.plugin.metrics import exposition
 
 GIB = 2**30
 A100 = "NVIDIA A100-SXM4-80GB"
@@ -83,9 +84,9 @@ def _emulated_metrics(tmp_path: Path) -> bytes:
             sampler = UsageSampler(nvml=nvml, host=node.host, targets=lambda: targets,
                                    interval_s=60, logger=logging.getLogger("t"))  # fmt: skip
             sampler.sample_once()
-            registry = Registry()
+            registry = CollectorRegistry()
             registry.register(UsageCollector(sampler))
-            return registry.render()
+            return exposition(registry)()[0]
         finally:
             nvml.shutdown()
 

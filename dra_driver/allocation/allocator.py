@@ -30,7 +30,7 @@ from dra_driver.allocation.model import (
 )
 from dra_driver.allocation.pools import Pool, device_on_node
 from dra_driver.allocation.state import AllocatedState, add_consumption, remove_consumption
-from dra_driver.cel.quantity import Quantity
+from dra_driver.quantity import Quantity
 
 _BLOCKING_EFFECTS = ("NoSchedule", "NoExecute")
 

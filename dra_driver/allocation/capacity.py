@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from fractions import Fraction
 
 from dra_driver.allocation.model import DeviceCapacity
-from dra_driver.cel.quantity import Quantity
+from dra_driver.quantity import Quantity
 
 
 def _ceil(q: Quantity) -> int:

@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from dra_driver.cel.quantity import Quantity, QuantityError, parse_quantity
+from dra_driver.quantity import Quantity, QuantityError, parse_quantity
 
 ALLOCATION_RESULTS_MAX = 32
 """resource.k8s.io: at most 32 devices in one claim's allocation."""

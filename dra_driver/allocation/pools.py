@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dra_driver.allocation.model import Device, Node, Slice
-from dra_driver.cel.quantity import Quantity
+from dra_driver.quantity import Quantity
 
 
 @dataclass(eq=False)

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 
 from dra_driver.allocation.model import AllocatedDevice, Claim, DeviceId
-from dra_driver.cel.quantity import Quantity
+from dra_driver.quantity import Quantity
 
 
 @dataclass

@@ -24,8 +24,8 @@ from google.protobuf.message import Message
 from dra_driver.cel import library
 from dra_driver.cel.device import CelDevice
 from dra_driver.cel.engine import CelCompileError, CelRuntimeError
-from dra_driver.cel.quantity import Quantity
 from dra_driver.cel.semver import Semver
+from dra_driver.quantity import Quantity
 
 _MISSING_KEY = re.compile(r'Key not found in map : "(?P<key>[^"]*)"')
 _CROSS_NUMERIC = re.compile(

@@ -13,8 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from dra_driver.cel.quantity import Quantity, QuantityError, parse_quantity
 from dra_driver.cel.semver import Semver, SemverError, parse_semver
+from dra_driver.quantity import Quantity, QuantityError, parse_quantity
 
 AttributeValue = int | bool | str | Semver
 

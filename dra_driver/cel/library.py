@@ -11,10 +11,10 @@ import re
 from collections.abc import Sequence
 from functools import lru_cache
 
-from dra_driver.cel.quantity import Quantity, from_canonical, is_quantity, parse_quantity
 from dra_driver.cel.semver import Semver, parse_semver
 from dra_driver.cel.semver import from_canonical as semver_from_canonical
 from dra_driver.cel.semver import is_semver as _is_semver
+from dra_driver.quantity import Quantity, from_canonical, is_quantity, parse_quantity
 
 quantity_from_canonical = lru_cache(maxsize=8192)(from_canonical)
 semver_from_canonical = lru_cache(maxsize=8192)(semver_from_canonical)

@@ -21,8 +21,8 @@ from celpy.evaluation import CELEvalError
 from dra_driver.cel import library
 from dra_driver.cel.device import CelDevice
 from dra_driver.cel.engine import CelCompileError, CelRuntimeError
-from dra_driver.cel.quantity import Quantity
 from dra_driver.cel.semver import Semver
+from dra_driver.quantity import Quantity
 
 # cel-python logs every evaluation error at ERROR level; errors are results here.
 logging.getLogger("celpy").setLevel(logging.CRITICAL)

@@ -24,11 +24,12 @@ means no sharing (the default strategy).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-from dra_driver import quantities
+from dra_driver import quantity
 from dra_driver.errors import DriverError
 from dra_driver.plugin.claims import Claim
 
@@ -89,14 +90,14 @@ def parse_quantity(value: object, path: str) -> int:
         raise ConfigError(f"{path}: must be a quantity such as 8Gi or 4096Mi, got {value!r}")
     too_big = ConfigError(f"{path}: {value!r} is out of range; the maximum is 8Ei")
     try:
-        total = quantities.parse(value)
-    except quantities.QuantityRangeError:
+        total = quantity.parse(value)
+    except quantity.QuantityRangeError:
         raise too_big from None
-    except quantities.QuantityError:
+    except quantity.QuantityError:
         raise ConfigError(
             f"{path}: {value!r} is not a quantity (examples: 8Gi, 4096Mi, 1e9)"
         ) from None
-    result = int(total.to_integral_value(rounding="ROUND_CEILING"))
+    result = math.ceil(total)
     if abs(result) > MAX_QUANTITY:
         raise too_big
     return result

@@ -33,6 +33,8 @@ import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from prometheus_client import CollectorRegistry
+
 from dra_driver.errors import DriverError
 from dra_driver.gpu import cdihook
 from dra_driver.gpu.consumable import ConsumableGpus
@@ -58,7 +60,6 @@ from dra_driver.plugin.claimbook import PreparedClaim
 from dra_driver.plugin.claims import Claim, ClaimRef
 from dra_driver.plugin.claimstatus import DeviceStatus
 from dra_driver.plugin.resources import DeviceTaint, Pool
-from dra_driver.prometheus import Registry
 
 _MESSAGE_LIMIT = 1024  # the kubelet truncates longer health messages
 CLAIM_STATE_TAINT = "claim-state"
@@ -89,7 +90,7 @@ class GpuDriver:
         nvml_observer: CallObserver | None = None,
         health_events: HealthEvents | None = None,
         usage_interval_s: float = 10.0,
-        registry: Registry | None = None,
+        registry: CollectorRegistry | None = None,
         mig_mode: MigMode = "static",
         consumable: ConsumableGpus | None = None,
         cdi_hook: cdihook.HookPlacement | None = None,

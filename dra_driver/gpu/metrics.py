@@ -1,7 +1,7 @@
 """Prometheus metrics of the GPU layer: NVML calls and what the health monitor saw.
 
-Registered in the registry the composition root passes in (nothing is
-global). Labels are bounded: NVML function names, NVML return codes, the node's
+Registered in the prometheus-client ``CollectorRegistry`` the composition root passes
+in (nothing is global). Labels are bounded: NVML function names, NVML return codes, the node's
 GPU UUIDs, Xid numbers and fault kinds.
 
 ============================================  ============================================
@@ -16,7 +16,7 @@ metric                                        what
 
 from __future__ import annotations
 
-from dra_driver.prometheus import Counter, Histogram, Registry
+from prometheus_client import CollectorRegistry, Counter, Histogram
 
 _NVML_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05, 0.25, 1, 5)
 
@@ -24,7 +24,7 @@ _NVML_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0
 class GpuMetrics:
     """Implements the NVML call observer and the monitor's :class:`HealthEvents`."""
 
-    def __init__(self, registry: Registry) -> None:
+    def __init__(self, registry: CollectorRegistry) -> None:
         self._calls = Histogram(
             "dra_driver_nvml_call_duration_seconds",
             "Duration of NVML calls made by the plugin (event waits excluded), by function.",

@@ -34,12 +34,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from dra_driver import quantities
 from dra_driver.gpu.consumable import ConsumableGpus
 from dra_driver.gpu.devices import quantity
 from dra_driver.gpu.inventory import Gpu, Inventory
 from dra_driver.gpu.naming import gpu_device_name
 from dra_driver.plugin.resources import Capacity, CapacityPolicy, Pool
+from dra_driver.quantity import QuantityError
+from dra_driver.quantity import parse as parse_quantity
 
 if TYPE_CHECKING:
     from dra_driver.gpu.strategies.base import Target
@@ -167,10 +168,10 @@ def _amount(consumed: Mapping[str, str], key: str, where: str, default: int | No
             "with --consumable-gpus and allocated by a scheduler with DRAConsumableCapacity?"
         )
     try:
-        value = quantities.parse(raw)
-    except quantities.QuantityError as exc:
+        value = parse_quantity(raw)
+    except QuantityError as exc:
         raise ShareError(f"{where}: consumedCapacity.{key}: {exc}") from None
-    if value != value.to_integral_value():
+    if value.denominator != 1:
         raise ShareError(f"{where}: consumedCapacity.{key} {raw!r} is not a whole number")
     return int(value)
 

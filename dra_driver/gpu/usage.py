@@ -24,13 +24,14 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
 from dra_driver.gpu.hostpaths import HostPaths
 from dra_driver.gpu.inventory import Inventory
 from dra_driver.gpu.naming import gpu_device_name, mig_device_name
 from dra_driver.gpu.nvml import Nvml, NvmlError
 from dra_driver.gpu.nvmlmonitor import ProcessInfo
 from dra_driver.plugin.claimbook import PreparedClaim
-from dra_driver.prometheus import Family, counter_family, gauge_family
 from dra_driver.retries import Retry
 
 _POD_UID = re.compile(
@@ -242,33 +243,33 @@ class UsageCollector:
     def __init__(self, sampler: UsageSampler) -> None:
         self._sampler = sampler
 
-    def collect(self) -> Iterator[Family]:
-        util = gauge_family(
+    def collect(self) -> Iterator[Metric]:
+        util = GaugeMetricFamily(
             "dra_driver_claim_gpu_utilization_ratio",
             "Fraction of the GPU's SMs the pod's processes kept busy (not on MIG devices).",
             labels=_LABELS,
         )
-        used = gauge_family(
+        used = GaugeMetricFamily(
             "dra_driver_claim_gpu_memory_used_bytes",
             "GPU memory used by the pod's processes on the device.",
             labels=_LABELS,
         )
-        allocated = gauge_family(
+        allocated = GaugeMetricFamily(
             "dra_driver_claim_gpu_memory_allocated_bytes",
             "GPU memory the claim was given on the device (GPU, MIG profile or MPS limit).",
             labels=_LABELS,
         )
-        util_share = gauge_family(
+        util_share = GaugeMetricFamily(
             "dra_driver_claim_gpu_utilization_share_ratio",
             "The pod's fraction of all utilization on the GPU (shared GPUs).",
             labels=_LABELS,
         )
-        mem_share = gauge_family(
+        mem_share = GaugeMetricFamily(
             "dra_driver_claim_gpu_memory_share_ratio",
             "The pod's fraction of the memory all processes use on the device.",
             labels=_LABELS,
         )
-        info = gauge_family(
+        info = GaugeMetricFamily(
             "dra_driver_claim_device_info",
             "1 per allocated device and pod, with what the device is.",
             labels=[*_LABELS, "product", "profile", "sharing"],
@@ -285,12 +286,12 @@ class UsageCollector:
             if s.memory_share is not None:
                 mem_share.add_metric(labels, s.memory_share)
             info.add_metric([*labels, t.product, t.profile, t.sharing], 1)
-        cost = counter_family(
+        cost = CounterMetricFamily(
             "dra_driver_claim_usage_sampling_cpu_seconds",
             "CPU time the plugin spent sampling per-claim GPU usage (NVML and /proc reads).",
         )
         cost.add_metric([], self._sampler.cpu_seconds)
-        rounds = counter_family(
+        rounds = CounterMetricFamily(
             "dra_driver_claim_usage_samples", "Per-claim usage sampling rounds."
         )
         rounds.add_metric([], self._sampler.samples)

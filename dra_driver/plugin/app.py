@@ -6,7 +6,7 @@ Usage::
     plugin = KubeletPlugin(settings=settings, backend=my_backend, logger=log)
     plugin.serve()            # optional: sockets up before the backend is ready
     plugin.add_metrics(registry)     # optional, once, before or after start(): a
-                                     # dra_driver.prometheus.Registry
+                                     # prometheus_client.CollectorRegistry
     plugin.start()            # serving, slices being published, background work
     ...
     plugin.republish()        # after the backend's pool() changed
@@ -78,8 +78,9 @@ from dra_driver.plugin.sockets import (
 )
 
 if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
     from dra_driver.plugin.metrics import PluginMetrics
-    from dra_driver.prometheus import Registry
 
 
 @dataclass(frozen=True)
@@ -183,7 +184,7 @@ class KubeletPlugin:
         logger: logging.Logger,
         environ: Mapping[str, str] | None = None,
         client: KubeClient | None = None,
-        registry: Registry | None = None,
+        registry: CollectorRegistry | None = None,
         on_fatal: Callable[[str], None] | None = None,
     ) -> None:
         """Builds every component (nothing runs until :meth:`serve` / :meth:`start`).
@@ -354,7 +355,7 @@ class KubeletPlugin:
             self.paths.dra,
         )
 
-    def add_metrics(self, registry: Registry) -> None:
+    def add_metrics(self, registry: CollectorRegistry) -> None:
         """Count into ``registry`` from now on (see :mod:`dra_driver.plugin.metrics`); once.
 
         For a caller that serves first: outcomes before this call are not counted; the

@@ -1,8 +1,9 @@
 """Prometheus metrics of the plugin layer, in a registry the composition root passes in.
 
-Nothing is global: every metric lives in the :class:`~dra_driver.prometheus.Registry`
-given to :class:`PluginMetrics`,
-and ``/metrics`` (see :mod:`dra_driver.plugin.healthz`) serves that registry.
+Nothing is global: every metric lives in the prometheus-client ``CollectorRegistry``
+given to :class:`PluginMetrics` (never the library's global ``REGISTRY``), and
+``/metrics`` (see :mod:`dra_driver.plugin.healthz`) serves that registry through
+:func:`exposition`, rendered by prometheus-client in the text format 0.0.4.
 Names start with ``dra_driver_``; label values are bounded (operations,
 reasons, the node's own devices), never claim UIDs.
 
@@ -25,19 +26,21 @@ metric                                              what
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Iterable, Iterator
+
+from prometheus_client import (
+    CONTENT_TYPE_PLAIN_0_0_4,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+from prometheus_client.core import GaugeMetricFamily, Metric
 
 from dra_driver.plugin.backend import DeviceHealth
 from dra_driver.plugin.resources import Pool
-from dra_driver.prometheus import (
-    CONTENT_TYPE,
-    Counter,
-    Family,
-    Gauge,
-    Histogram,
-    Registry,
-    gauge_family,
-)
 
 _OPERATION_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 _SYNC_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
@@ -46,7 +49,7 @@ _SYNC_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 class PublishMetrics:
     """What the slice publisher counts."""
 
-    def __init__(self, registry: Registry) -> None:
+    def __init__(self, registry: CollectorRegistry) -> None:
         self._writes = Counter(
             "dra_driver_resourceslice_writes",
             "ResourceSlice writes by this node's plugin, by operation.",
@@ -94,7 +97,7 @@ class PublishMetrics:
 class OperationMetrics:
     """Per-claim prepare/unprepare latency and failures, labelled by operation and reason."""
 
-    def __init__(self, registry: Registry) -> None:
+    def __init__(self, registry: CollectorRegistry) -> None:
         self._duration = Histogram(
             "dra_driver_node_operation_duration_seconds",
             "Time to prepare or unprepare one claim (kubelet request to result).",
@@ -129,17 +132,17 @@ class _StateCollector:
         self._health, self._pool, self._prepared = health, pool, prepared_claims
         self._devices = prepared_devices
 
-    def collect(self) -> Iterator[Family]:
-        claims = gauge_family("dra_driver_prepared_claims", "Claims prepared on this node.")
+    def collect(self) -> Iterator[Metric]:
+        claims = GaugeMetricFamily("dra_driver_prepared_claims", "Claims prepared on this node.")
         claims.add_metric([], self._prepared())
         yield claims
         if self._devices is not None:
-            devices = gauge_family(
+            devices = GaugeMetricFamily(
                 "dra_driver_prepared_devices", "Devices of the claims prepared on this node."
             )
             devices.add_metric([], self._devices())
             yield devices
-        healthy = gauge_family(
+        healthy = GaugeMetricFamily(
             "dra_driver_device_healthy",
             "1 when the device is Healthy in the health stream to the kubelet, else 0.",
             labels=["pool", "device", "health"],
@@ -147,7 +150,7 @@ class _StateCollector:
         for d in self._health():
             healthy.add_metric([d.pool, d.device, d.health], 1.0 if d.health == "Healthy" else 0.0)
         yield healthy
-        taints = gauge_family(
+        taints = GaugeMetricFamily(
             "dra_driver_device_taints",
             "Taints on a published device (1 per taint), by key, value and effect.",
             labels=["device", "key", "value", "effect"],
@@ -161,7 +164,7 @@ class _StateCollector:
 class PluginMetrics:
     """The plugin layer's metrics; one per plugin, all in ``registry``."""
 
-    def __init__(self, registry: Registry) -> None:
+    def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
         self.publish = PublishMetrics(registry)
         self.operations = OperationMetrics(registry)
@@ -185,10 +188,29 @@ class PluginMetrics:
         )
 
 
-def exposition(registry: Registry) -> Callable[[], tuple[bytes, str]]:
-    """What ``/metrics`` serves: the registry in Prometheus text format, and its type."""
+def exposition(registry: CollectorRegistry) -> Callable[[], tuple[bytes, str]]:
+    """What ``/metrics`` serves: the registry in the text format 0.0.4, and its type."""
+    shown = _WithoutCreated(registry)
 
     def render() -> tuple[bytes, str]:
-        return registry.render(), CONTENT_TYPE
+        return generate_latest(shown), CONTENT_TYPE_PLAIN_0_0_4
 
     return render
+
+
+class _WithoutCreated:
+    """``registry`` without the ``<name>_created`` samples prometheus-client adds to each
+    counter and histogram child: creation timestamps no dashboard, alert or ``dra-driver
+    report`` reads, one more series per child, and absent from this endpoint before it
+    used prometheus-client. Filtered here rather than by ``disable_created_metrics()``,
+    which flips a switch for the whole process."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self._registry = registry
+
+    def collect(self) -> Iterator[Metric]:
+        for family in self._registry.collect():
+            created = family.name + "_created"
+            shown = copy.copy(family)
+            shown.samples = [s for s in family.samples if s.name != created]
+            yield shown

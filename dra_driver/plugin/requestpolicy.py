@@ -15,19 +15,19 @@ capacity, containing ``default``) or ``validRange`` (``min`` required,
 
 from __future__ import annotations
 
-from decimal import Decimal
+from fractions import Fraction
 
-from dra_driver import quantities
+from dra_driver import quantity
 from dra_driver.plugin.resources import Capacity, CapacityPolicy
 
 MAX_VALID_VALUES = 10
 
 
 class _Problems(list[str]):
-    def quantity(self, value: str, where: str) -> Decimal | None:
+    def quantity(self, value: str, where: str) -> Fraction | None:
         try:
-            return quantities.parse(value)
-        except quantities.QuantityError:
+            return quantity.parse(value)
+        except quantity.QuantityError:
             self.append(f"{where}: {value!r} is not a quantity (examples: 80Gi, 100, 1Mi)")
             return None
 
@@ -58,7 +58,7 @@ def capacity_problems(at: str, cap: Capacity, multiple_allocations: bool) -> lis
 
 
 def _valid_values(
-    where: str, p: CapacityPolicy, value: Decimal, default: Decimal | None, problems: _Problems
+    where: str, p: CapacityPolicy, value: Fraction, default: Fraction | None, problems: _Problems
 ) -> None:
     options = [problems.quantity(v, f"{where}.validValues") for v in p.valid_values]
     known = [o for o in options if o is not None]
@@ -75,7 +75,7 @@ def _valid_values(
 
 
 def _valid_range(
-    where: str, p: CapacityPolicy, value: Decimal, default: Decimal | None, problems: _Problems
+    where: str, p: CapacityPolicy, value: Fraction, default: Fraction | None, problems: _Problems
 ) -> None:
     assert p.valid_range_min is not None
     low = problems.quantity(p.valid_range_min, f"{where}.validRange.min")

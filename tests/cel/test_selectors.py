@@ -13,7 +13,6 @@ from dra_driver.cel import (
     cel_device,
     load_engine,
 )
-from dra_driver.cel.quantity import QuantityError, parse_quantity
 from dra_driver.cel.selectors import MAX_EXPRESSION_LENGTH
 
 ENGINES = ("cel-expr-python", "cel-python")
@@ -74,17 +73,6 @@ def test_bad_version_attribute_is_a_runtime_error_on_that_device(
     bad = {"name": "b", "attributes": {"v": {"version": "1.0"}}}
     with pytest.raises(CelRuntimeError, match="semantic version"):
         evaluator.matches("true", "b", lambda: cel_device("d", bad))
-
-
-def test_quantity_parsing_matches_kubernetes_rules() -> None:
-    assert parse_quantity("1Gi").value == 2**30
-    assert parse_quantity("1.5k").value == 1500
-    assert parse_quantity("0.1n") == parse_quantity("1n")  # rounded up to 1n
-    assert parse_quantity("-0.1n").value * 10**9 == -1  # away from zero
-    assert parse_quantity("1e-3") == parse_quantity("1m")
-    for bad in ("", "1GiB", "Gi", "1.2.3", "1 Gi", "++1"):
-        with pytest.raises(QuantityError):
-            parse_quantity(bad)
 
 
 def test_list_type_attributes_are_lists(evaluator: SelectorEvaluator) -> None:

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+from prometheus_client import CollectorRegistry
 
 from dra_driver.devcluster import Cluster, wait_until
 from dra_driver.devcluster.api import ApiError
@@ -36,7 +37,6 @@ from dra_driver.gpu.metrics import GpuMetrics
 from dra_driver.gpu.sharing import GpuTools
 from dra_driver.plugin._proto import health_v1_pb2, health_v1_pb2_grpc
 from dra_driver.plugin.healthz import HealthServer
-from dra_driver.prometheus import Registry
 from tests.cluster.test_allocation import (
     GPU,
     allocation,
@@ -89,7 +89,7 @@ def health_node(
     cluster: Cluster,
     profile: str,
     policy: HealthPolicy,
-    registry: Registry | None = None,
+    registry: CollectorRegistry | None = None,
     numa_attribute_form: NumaAttributeForm = "scalar",
 ) -> Iterator[HealthNode]:
     """Our plugin in-process on an emulated node; ``registry`` collects all its metrics."""

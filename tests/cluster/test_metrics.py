@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import urllib.request
 
+from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from dra_driver.devcluster import Cluster, wait_until
 from dra_driver.gpu.healthpolicy import HealthPolicy
 from dra_driver.plugin.healthz import HealthServer
 from dra_driver.plugin.metrics import exposition
-from dra_driver.prometheus import Registry
 from tests.cluster.test_health_taints import LOG, health_node
 
 
@@ -32,7 +32,7 @@ def value(samples, name: str, **labels: str) -> float | None:
 
 
 def test_metrics_show_publishing_health_nvml_and_xids(cluster: Cluster) -> None:
-    registry = Registry()
+    registry = CollectorRegistry()
     policy = HealthPolicy(healthy_period_s=60, check_interval_s=0.5)
     with health_node(cluster, "l4-x4", policy, registry=registry) as h:
         server = HealthServer(readiness=h.on_node.plugin.readiness, port=0, host="127.0.0.1",

@@ -11,13 +11,13 @@ import urllib.request
 from collections.abc import Iterator
 
 import pytest
+from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.parser import text_string_to_metric_families
 
 from dra_driver.plugin.app import Readiness
 from dra_driver.plugin.healthz import HealthServer
 from dra_driver.plugin.metrics import exposition
 from dra_driver.plugin.publishing import PublishStatus
-from dra_driver.prometheus import Counter, Registry
 
 
 class Switch:
@@ -113,12 +113,15 @@ def test_head_answers_the_headers_only_and_other_methods_405(served) -> None:
 
 
 def test_malformed_and_oversized_requests_get_4xx_not_a_crash(served) -> None:
+    """http.server's limits: 64 KiB a line, 100 header lines. An unparseable request
+    line is answered the HTTP/0.9 way (no status line), as the library does."""
     server, _ = served
-    assert raw(server, b"GARBAGE\r\n\r\n").startswith(b"HTTP/1.1 400 ")
-    assert raw(server, b"GET /" + b"a" * 9000 + b" HTTP/1.1\r\n\r\n").startswith(b"HTTP/1.1 414 ")
+    assert b"Error code: 400" in raw(server, b"GARBAGE\r\n\r\n")
+    long_path = b"GET /" + b"a" * 70000 + b" HTTP/1.1\r\n\r\n"
+    assert raw(server, long_path).startswith(b"HTTP/1.1 414 ")
     many = b"".join(b"X-%d: y\r\n" % i for i in range(101))
     assert raw(server, b"GET /healthz HTTP/1.1\r\n" + many + b"\r\n").startswith(b"HTTP/1.1 431 ")
-    long_header = b"X: " + b"y" * 9000 + b"\r\n"
+    long_header = b"X: " + b"y" * 70000 + b"\r\n"
     assert raw(server, b"GET /healthz HTTP/1.1\r\n" + long_header + b"\r\n").startswith(
         b"HTTP/1.1 431 "
     )
@@ -133,7 +136,7 @@ def test_a_silent_client_does_not_hold_up_the_probes(served) -> None:
 
 
 def test_metrics_are_served_in_the_text_format() -> None:
-    registry = Registry()
+    registry = CollectorRegistry()
     Counter("t_requests", "Requests.", ["code"], registry=registry).labels("200").inc(3)
     server = HealthServer(readiness=Switch(), port=0, host="127.0.0.1",
                           logger=logging.getLogger("t"), metrics=exposition(registry))  # fmt: skip
@@ -161,3 +164,50 @@ def test_an_unexpected_failure_answers_500_and_is_logged(served, monkeypatch, ca
         got = raw(server, b"GET /healthz HTTP/1.1\r\n\r\n")
     assert got.startswith(b"HTTP/1.1 500 Internal Server Error\r\n")
     assert "health endpoint request failed" in caplog.text
+
+
+def test_the_daemons_families_keep_the_names_types_and_labels_dashboards_read() -> None:
+    """The chart's rules and dashboard query these exact series; prometheus-client's
+    ``_created`` samples are not served (nothing reads them)."""
+    from dra_driver.gpu.metrics import GpuMetrics
+    from dra_driver.plugin.backend import DeviceHealth
+    from dra_driver.plugin.metrics import PluginMetrics
+    from dra_driver.plugin.resources import Pool
+
+    registry = CollectorRegistry()
+    plugin, gpu = PluginMetrics(registry), GpuMetrics(registry)
+    health = [DeviceHealth(pool="p", device="gpu-0", health="Healthy")]
+    plugin.watch_state(health=lambda: health, pool=Pool, prepared_claims=lambda: 1,
+                       prepared_devices=lambda: 2)  # fmt: skip
+    plugin.operations.observe("prepare", 0.003, "api")
+    plugin.publish.write("update")
+    plugin.publish.conflict()
+    plugin.publish.sync(0.02, ok=False, generation=3)
+    gpu.nvml_call("nvmlDeviceGetUUID", 0.001, 999)
+    gpu.xid("GPU-1", 79)
+    gpu.fault("GPU-1", "xid")
+    body, content_type = exposition(registry)()
+    assert content_type == "text/plain; version=0.0.4; charset=utf-8"
+    got = {
+        f.name: (f.type, sorted({k for s in f.samples for k in s.labels} - {"le"}))
+        for f in text_string_to_metric_families(body.decode())
+    }
+    assert got == {
+        "dra_driver_resourceslice_writes": ("counter", ["operation"]),
+        "dra_driver_resourceslice_conflicts": ("counter", []),
+        "dra_driver_resourceslice_sync_errors": ("counter", []),
+        "dra_driver_resourceslice_sync_duration_seconds": ("histogram", []),
+        "dra_driver_resourceslice_generation": ("gauge", []),
+        "dra_driver_node_operation_duration_seconds": ("histogram", ["operation"]),
+        "dra_driver_node_operation_errors": ("counter", ["operation", "reason"]),
+        "dra_driver_prepared_claims": ("gauge", []),
+        "dra_driver_prepared_devices": ("gauge", []),
+        "dra_driver_device_healthy": ("gauge", ["device", "health", "pool"]),
+        "dra_driver_device_taints": ("gauge", []),  # no taints on an empty pool
+        "dra_driver_nvml_call_duration_seconds": ("histogram", ["function"]),
+        "dra_driver_nvml_errors": ("counter", ["code", "function"]),
+        "dra_driver_gpu_xid_events": ("counter", ["gpu", "xid"]),
+        "dra_driver_gpu_faults": ("counter", ["gpu", "kind"]),
+    }
+    assert b"_created" not in body
+    assert b'dra_driver_node_operation_errors_total{operation="prepare",reason="api"} 1.0' in body

@@ -126,9 +126,10 @@ def test_health_marks_tainted_degraded_devices_unhealthy(make_node, tmp_path: Pa
 
 def test_per_claim_usage_labels_the_sharing_strategy(make_node, tmp_path: Path) -> None:
     """The usage sampler's targets carry how each prepared claim shares its GPU."""
+    from prometheus_client import CollectorRegistry
+
     from dra_driver.plugin.claimbook import PreparedClaim
     from dra_driver.plugin.claims import OpaqueConfig
-    from dra_driver.prometheus import Registry
 
     node = make_node("l4-x4")
     with node.nvml():
@@ -138,7 +139,7 @@ def test_per_claim_usage_labels_the_sharing_strategy(make_node, tmp_path: Path) 
             host=node.host, cdi_dir=tmp_path / "cdi", state_dir=tmp_path / "state",
             tools=GpuTools(nvidia_smi=tools["nvidia-smi"],
                            mps_control=tools["nvidia-cuda-mps-control"]),
-            logger=LOG, pool_name="node-a", registry=Registry(), health_policy=None,
+            logger=LOG, pool_name="node-a", registry=CollectorRegistry(), health_policy=None,
         )  # fmt: skip
         sliced = OpaqueConfig(source="FromClaim", requests=(), parameters={
             "apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig",

@@ -8,10 +8,10 @@ import logging
 
 import pynvml
 import pytest
+from prometheus_client import CollectorRegistry
 
 from dra_driver.gpu.nvml import Nvml
 from dra_driver.gpu.usage import UsageCollector, UsageSampler, UsageTarget, pod_uid_of
-from dra_driver.prometheus import Registry
 
 POD_A = "11111111-2222-4333-8444-555555555555"
 POD_B = "66666666-7777-4888-9999-aaaaaaaaaaaa"
@@ -91,7 +91,7 @@ def test_metrics_follow_the_prepared_claims(sampled) -> None:
                                allocated_bytes=80 * GIB))  # fmt: skip
     node.set_processes(3, [{"pid": 5, "usedMiB": 1024, "smUtil": 15}], pods={5: POD_A})
     sampler.sample_once()
-    registry = Registry()
+    registry = CollectorRegistry()
     registry.register(UsageCollector(sampler))
     labels = {"namespace": "ml", "claim": "c1", "pod": "p1", "device": "gpu-3"}
     assert registry.get_sample_value("dra_driver_claim_gpu_utilization_ratio", labels) == 0.15

@@ -27,8 +27,9 @@ def test_the_daemon_binds_its_sockets_before_the_gpu_layer_and_the_api_library(
     """Start to registration socket: parsing the flags and binding the sockets pull in
     none of the GPU layer (its devices, shares, inventory and health modules cost
     ~50 ms), only the two small modules the flags turn into (``--consumable-gpus``, the
-    health policy), and not the ``kubernetes`` library (~0.6 s of imports), which is
-    loaded by the time the plugin has started (its API client connected)."""
+    health policy), and neither the ``kubernetes`` library (~0.6 s of imports) nor
+    prometheus-client (~30 ms), which are loaded by the time the plugin has started (its
+    API client connected, its metrics counting)."""
     work = Path(tempfile.mkdtemp(prefix="fp-", dir="/tmp"))  # short: socket paths
     kubeconfig = tmp_path / "kubeconfig"
     kubeconfig.write_text(
@@ -63,11 +64,11 @@ def test_the_daemon_binds_its_sockets_before_the_gpu_layer_and_the_api_library(
         "    flag_types = ('dra_driver.gpu.consumable', 'dra_driver.gpu.healthpolicy')\n"
         "    seen.append([self.paths.registration.exists(),\n"
         "                 loaded(('dra_driver.gpu.',), flag_types),\n"
-        "                 loaded(('kubernetes', 'urllib3'))])\n"
+        "                 loaded(('kubernetes', 'urllib3', 'prometheus_client'))])\n"
         "def look_start(self):\n"
         "    start(self)\n"
         "    assert self.metrics is not None\n"
-        "    seen.append('kubernetes.client' in sys.modules)\n"
+        "    seen.append([m in sys.modules for m in ('kubernetes.client', 'prometheus_client')])\n"
         "    print(json.dumps(seen))\n"
         "    raise SystemExit(0)\n"
         "KubeletPlugin.serve, KubeletPlugin.start = look_serve, look_start\n"
@@ -83,4 +84,4 @@ def test_the_daemon_binds_its_sockets_before_the_gpu_layer_and_the_api_library(
     finally:
         shutil.rmtree(work, ignore_errors=True)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert json.loads(out.stdout.strip().splitlines()[-1]) == [[True, [], []], True]
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == [[True, [], []], [True, True]]

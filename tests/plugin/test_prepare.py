@@ -295,15 +295,17 @@ def test_metrics_given_after_start_count_from_then_on(start_plugin: StartPlugin)
     """The daemon serves before it imports prometheus-client and adds the registry later:
     claims handled before count nowhere, those after do, and the scrape-time gauges and
     slice-sync metrics are all there."""
-    from dra_driver.prometheus import Registry
+    from prometheus_client import CollectorRegistry
+
+    from dra_driver.plugin.metrics import exposition
 
     run = start_plugin()
     v1 = (dra_v1_pb2, dra_v1_pb2_grpc)
     assert _unprepare(run, v1, ("gone", UID_A)).claims[UID_A].error == ""
-    registry = Registry()
+    registry = CollectorRegistry()
     run.plugin.add_metrics(registry)
     with pytest.raises(ValueError, match="already has metrics"):
-        run.plugin.add_metrics(Registry())
+        run.plugin.add_metrics(CollectorRegistry())
     assert _unprepare(run, v1, ("gone", UID_B)).claims[UID_B].error == ""
     run.plugin.republish()  # a sync after the registry came: counted
     wait_until(lambda: (registry.get_sample_value(
@@ -314,5 +316,5 @@ def test_metrics_given_after_start_count_from_then_on(start_plugin: StartPlugin)
     )
     assert unprepares == 1
     assert registry.get_sample_value("dra_driver_prepared_claims") == 0
-    text = registry.render().decode()
+    text = exposition(registry)()[0].decode()
     assert "dra_driver_device_healthy{" in text and "dra_driver_prepared_devices 0.0" in text
