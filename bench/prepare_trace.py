@@ -55,6 +55,8 @@ class Trace:
     entries: Counter[str] = field(default_factory=Counter)
     reentries: int = 0
     reentered: Counter[tuple[str, str]] = field(default_factory=Counter)
+    steps: list[str] = field(default_factory=list)
+    """Every transition, ``caller -> module.function``, in order."""
     armed: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -68,18 +70,19 @@ class Trace:
         if frame.f_code.co_name == HANDLER and module.startswith("dra_driver.plugin"):
             if event == "call":
                 self.active[ident] = 1
-                self._enter(module, None)
+                self._enter(module, None, HANDLER)
             else:
                 self.active.pop(ident, None)
             return
         if event != "call" or ident not in self.active:
             return
-        self._enter(module, _caller_module(frame))
+        self._enter(module, _caller_module(frame), frame.f_code.co_qualname)
 
-    def _enter(self, module: str, caller: str | None) -> None:
+    def _enter(self, module: str, caller: str | None, function: str) -> None:
         with self.lock:
             if module == caller:
                 return
+            self.steps.append(f"{caller} -> {module}.{function}")
             self.entries[module] += 1
             if module in self.order:
                 self.reentries += 1
@@ -219,12 +222,14 @@ def measure(work: Path) -> dict[str, Any]:
         "reentries": trace.reentries,
         "entries": dict(trace.entries),
         "reentered": {f"{a} -> {b}": n for (a, b), n in trace.reentered.most_common()},
+        "steps": trace.steps,
     }
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    parser.add_argument("--steps", action="store_true", help="also every transition, in order")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="dra-trace-", dir="/tmp"))  # short: socket paths
     try:
@@ -236,6 +241,10 @@ def main() -> int:
     else:
         for i, module in enumerate(report["modules"], 1):
             print(f"{i:3d}  {module}  (entered {report['entries'][module]}x)")
+        if args.steps:
+            print("transitions:")
+            for step in report["steps"]:
+                print(f"  {step}")
         print("re-entries by edge:")
         for edge, n in report["reentered"].items():
             print(f"  {n:3d}  {edge}")
