@@ -126,7 +126,8 @@ def _units(
         if target.admin_access:
             continue  # monitoring access to a device in use: device nodes only, no changes
         config = configs[(target.request, target.name)]
-        for strategy in strategies:
+        sharing = config.sharing.strategy if config.sharing is not None else None
+        for strategy in strategies.asked(sharing, target.share_id is not None):
             if strategy.wants(target, config):
                 _, _, members = groups.setdefault(
                     (strategy.name, config.origin), (strategy, config, [])

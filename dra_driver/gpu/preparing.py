@@ -65,13 +65,13 @@ from dra_driver.gpu.naming import gpu_name_of
 from dra_driver.gpu.planning import ClaimPlan, allocation_key, check_conflicts, plan_claim
 from dra_driver.gpu.sharing import GpuCommands, GpuTools
 from dra_driver.gpu.statefile import CheckpointStore, Loaded
-from dra_driver.gpu.strategies import builtin
 from dra_driver.gpu.strategies.base import (
     SharedResources,
     SharingStrategy,
     Strategies,
     Unit,
 )
+from dra_driver.gpu.strategies.builtin import builtin
 from dra_driver.logs import ContextLogger, claim_logger
 from dra_driver.plugin.backend import PreparedDevice, PrepareError
 from dra_driver.plugin.claims import Claim, ClaimRef
@@ -125,7 +125,7 @@ class ClaimPreparer:
         on_step: Callable[[str], None] | None = None,
         on_state_problem: Callable[[], None] | None = None,
     ) -> None:
-        """``strategies`` defaults to the built-in ones (:func:`strategies.builtin`), with
+        """``strategies`` defaults to the built-in ones (:func:`strategies.builtin.builtin`), with
         dynamic MIG when ``mig_instances`` is given. ``on_state_problem`` is called when
         :meth:`state_problem` changes."""
         self.kind = cdi.claim_kind(driver_name)

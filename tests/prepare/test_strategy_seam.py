@@ -26,8 +26,8 @@ from dra_driver.gpu.config import DeviceConfig, SharingDecoder
 from dra_driver.gpu.mpsdaemons import MpsDaemons
 from dra_driver.gpu.naming import gpu_name_of
 from dra_driver.gpu.sharing import GpuCommands
-from dra_driver.gpu.strategies import Strategies, builtin
-from dra_driver.gpu.strategies.base import Steps, Target, Unit
+from dra_driver.gpu.strategies.base import Steps, Strategies, Target, Unit
+from dra_driver.gpu.strategies.builtin import builtin
 from dra_driver.gpu.strategies.mpsshares import MpsSharesStrategy
 from dra_driver.gpu.strategies.timeslicedshares import TimeSlicedSharesStrategy
 from dra_driver.plugin.backend import PrepareError
