@@ -53,14 +53,12 @@ from dra_driver.plugin.backend import (
     HealthReporter,
     StatusReporter,
 )
-from dra_driver.plugin.claimbook import ClaimKeeper, ClaimUsage, PreparedClaimBook
-from dra_driver.plugin.claimevents import ClaimActivity
+from dra_driver.plugin.claimbook import ClaimActivity, ClaimKeeper, ClaimUsage, PreparedClaimBook
 from dra_driver.plugin.claimstatus import ClaimStatusWriter, DeviceStatusReporter
 from dra_driver.plugin.cleanup import StaleClaimCleaner
 from dra_driver.plugin.health import HealthHub, add_health_services
 from dra_driver.plugin.kubeclient import KubeClient
-from dra_driver.plugin.nodeservice import add_node_services
-from dra_driver.plugin.preparing import ClaimService
+from dra_driver.plugin.preparing import ClaimService, add_node_services
 from dra_driver.plugin.publishing import PublishStatus, SlicePublisher
 from dra_driver.plugin.registration import (
     RegistrationServicer,
