@@ -54,7 +54,14 @@ from dra_driver.gpu.miginstances import MigInstances
 from dra_driver.gpu.mpsdaemons import MpsDaemons
 from dra_driver.gpu.planning import ClaimPlan, allocation_key, check_conflicts, plan_claim
 from dra_driver.gpu.sharing import GpuCommands, GpuTools
-from dra_driver.gpu.statefile import CheckpointStore, Loaded
+from dra_driver.gpu.statefile import (
+    CheckpointStore,
+    Loaded,
+    MoreLocks,
+    UnitSteps,
+    describe,
+    locks_of,
+)
 from dra_driver.gpu.strategies.base import (
     SharedResources,
     SharingStrategy,
@@ -62,7 +69,7 @@ from dra_driver.gpu.strategies.base import (
     Unit,
 )
 from dra_driver.gpu.strategies.builtin import builtin
-from dra_driver.gpu.unpreparing import MoreLocks, UnitSteps, Unpreparer, describe, locks_of
+from dra_driver.gpu.unpreparing import Unpreparer
 from dra_driver.logs import ContextLogger, claim_logger
 from dra_driver.plugin.backend import PreparedDevice, PrepareError
 from dra_driver.plugin.claims import Claim, ClaimRef
