@@ -49,9 +49,9 @@ if TYPE_CHECKING:
     from dra_driver.gpu.driver import GpuDriver
     from dra_driver.gpu.inventory import Inventory
     from dra_driver.plugin.app import KubeletPlugin
-    from dra_driver.plugin.backend import DeviceHealth, PreparedDevice
+    from dra_driver.plugin.backend import DeviceHealth
     from dra_driver.plugin.claimbook import PreparedClaim
-    from dra_driver.plugin.claims import Claim, ClaimRef
+    from dra_driver.plugin.claims import Claim, ClaimRef, PreparedDevice
     from dra_driver.plugin.claimstatus import DeviceStatus
     from dra_driver.plugin.resources import Pool
 

@@ -53,9 +53,9 @@ from dra_driver.gpu.shares import ENFORCING_DRIVER, can_enforce, consumable_pool
 from dra_driver.gpu.sharing import GpuTools
 from dra_driver.gpu.strategies.dynamicmig import owned_by
 from dra_driver.gpu.usage import UsageCollector, UsageSampler, targets_for
-from dra_driver.plugin.backend import DeviceHealth, PreparedDevice
+from dra_driver.plugin.backend import DeviceHealth
 from dra_driver.plugin.claimbook import PreparedClaim
-from dra_driver.plugin.claims import Claim, ClaimRef
+from dra_driver.plugin.claims import Claim, ClaimRef, PreparedDevice
 from dra_driver.plugin.claimstatus import DeviceStatus
 from dra_driver.plugin.resources import DeviceTaint, Pool
 from dra_driver.prometheus import Registry

@@ -23,8 +23,7 @@ from dra_driver.gpu.strategies.base import (
     Target,
     Unit,
 )
-from dra_driver.plugin.backend import PrepareError
-from dra_driver.plugin.claims import Claim
+from dra_driver.plugin.claims import Claim, PrepareError
 
 
 @dataclass(frozen=True)

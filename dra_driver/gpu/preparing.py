@@ -71,8 +71,7 @@ from dra_driver.gpu.strategies.base import (
 from dra_driver.gpu.strategies.builtin import builtin
 from dra_driver.gpu.unpreparing import Unpreparer
 from dra_driver.logs import ContextLogger, claim_logger
-from dra_driver.plugin.backend import PreparedDevice, PrepareError
-from dra_driver.plugin.claims import Claim, ClaimRef
+from dra_driver.plugin.claims import Claim, ClaimRef, PreparedDevice, PrepareError
 
 
 class ClaimPreparer(Unpreparer):

@@ -59,7 +59,7 @@ from dra_driver.gpu.checkpoint import (
 from dra_driver.gpu.locks import LockTimeout, NodeLocks
 from dra_driver.gpu.naming import gpu_name_of
 from dra_driver.gpu.strategies.base import SharingStrategy, Strategies, Unit
-from dra_driver.plugin.backend import PrepareError
+from dra_driver.plugin.claims import PrepareError
 
 FILE_NAME = "checkpoint.json"
 SPARE_NAME = "checkpoint.json.spare"

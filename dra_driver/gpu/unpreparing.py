@@ -28,8 +28,7 @@ from dra_driver.gpu.checkpoint import PREPARED, RELEASING, UNPREPARING
 from dra_driver.gpu.statefile import ClaimRecords, Loaded, MoreLocks, UnitSteps, describe, locks_of
 from dra_driver.gpu.strategies.base import SharedResources
 from dra_driver.logs import ContextLogger, claim_logger
-from dra_driver.plugin.backend import PrepareError
-from dra_driver.plugin.claims import ClaimRef
+from dra_driver.plugin.claims import ClaimRef, PrepareError
 
 
 class Unpreparer(ClaimRecords):

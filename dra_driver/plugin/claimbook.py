@@ -22,8 +22,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from dra_driver.plugin.backend import PreparedDevice
-from dra_driver.plugin.claims import ClaimRef
+from dra_driver.plugin.claims import ClaimRef, PreparedDevice
 from dra_driver.plugin.claimstatus import ClaimStatusWriter
 from dra_driver.retries import Retry
 

@@ -32,8 +32,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from dra_driver.plugin.backend import PreparedDevice
-from dra_driver.plugin.claims import ClaimRef
+from dra_driver.plugin.claims import ClaimRef, PreparedDevice
 from dra_driver.plugin.kubeclient import KubeApiError
 from dra_driver.retries import Retry
 

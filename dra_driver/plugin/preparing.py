@@ -44,14 +44,15 @@ from dra_driver.plugin._proto import (
     dra_v1beta1_pb2,
     dra_v1beta1_pb2_grpc,
 )
-from dra_driver.plugin.backend import (
-    DeviceBackend,
-    ParallelClaims,
-    PreparedDevice,
-    PreparedLookup,
-)
+from dra_driver.plugin.backend import DeviceBackend, ParallelClaims, PreparedLookup
 from dra_driver.plugin.claimbook import ClaimEvents
-from dra_driver.plugin.claims import ClaimError, ClaimRef, claim_from_object, validate_ref
+from dra_driver.plugin.claims import (
+    ClaimError,
+    ClaimRef,
+    PreparedDevice,
+    claim_from_object,
+    validate_ref,
+)
 from dra_driver.plugin.sockets import FileLock
 
 ClaimGetter = Callable[[str, str], "dict[str, Any] | None"]

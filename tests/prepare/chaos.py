@@ -38,8 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from dra_driver.gpu import cdi, sharing
-from dra_driver.plugin.backend import PrepareError
-from dra_driver.plugin.claims import Claim
+from dra_driver.plugin.claims import Claim, PrepareError
 from tests.prepare.hosttree import (
     ENFORCING_VERSION,
     claim,
