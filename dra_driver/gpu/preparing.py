@@ -36,6 +36,7 @@ from typing import Any
 
 from dra_driver.errors import DriverError
 from dra_driver.gpu import cdi
+from dra_driver.gpu.cdiedits import ClaimSpecs
 from dra_driver.gpu.cdihook import TOOLKIT_HOOK
 from dra_driver.gpu.checkpoint import (
     ACQUIRING,
@@ -46,7 +47,6 @@ from dra_driver.gpu.checkpoint import (
     DeviceRecord,
     SharedEntry,
 )
-from dra_driver.gpu.claimspec import ClaimSpecs
 from dra_driver.gpu.hostpaths import HostPaths
 from dra_driver.gpu.inventory import Inventory
 from dra_driver.gpu.locks import NodeLocks
