@@ -13,10 +13,10 @@ from collections.abc import Iterator
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from dra_driver.plugin.app import Readiness
 from dra_driver.plugin.healthz import HealthServer
 from dra_driver.plugin.metrics import exposition
 from dra_driver.plugin.publishing import PublishStatus
+from dra_driver.plugin.settings import Readiness
 from dra_driver.prometheus import Counter, Registry
 
 
