@@ -103,10 +103,11 @@ class Claim:
     ref: ClaimRef
     devices: tuple[AllocatedDevice, ...]
     configs: tuple[OpaqueConfig, ...] = ()
+    uid: str = field(init=False, repr=False, compare=False)
+    """``ref.uid``, as data: read on every step of a prepare."""
 
-    @property
-    def uid(self) -> str:
-        return self.ref.uid
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "uid", self.ref.uid)
 
     def configs_for(self, request: str) -> list[OpaqueConfig]:
         """Configs for one request in precedence order (later overrides earlier)."""
