@@ -39,8 +39,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dra_driver.gpu import cdi
-from dra_driver.gpu.cdi import CdiError, ContainerEdits, DeviceNode, Mount, read_whole
+from dra_driver.gpu.cdi import CdiError, ContainerEdits, DeviceNode, Mount
 from dra_driver.gpu.cdihook import TOOLKIT_HOOK, driver_hooks
+from dra_driver.gpu.files import read_whole
 from dra_driver.gpu.hostpaths import BIN_DIRS, LIB_DIRS, HostPaths
 from dra_driver.gpu.inventory import Gpu, Inventory, MigInstance
 from dra_driver.gpu.strategies.base import Materializes, SharingStrategy, Target, Unit

@@ -47,9 +47,9 @@ from dra_driver.gpu.checkpoint import (
     DeviceRecord,
     SharedEntry,
 )
+from dra_driver.gpu.files import NodeLocks
 from dra_driver.gpu.hostpaths import HostPaths
 from dra_driver.gpu.inventory import Inventory
-from dra_driver.gpu.locks import NodeLocks
 from dra_driver.gpu.miginstances import MigInstances
 from dra_driver.gpu.mpsdaemons import MpsDaemons
 from dra_driver.gpu.planning import ClaimPlan, allocation_key, check_conflicts, plan_claim

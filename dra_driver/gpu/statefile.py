@@ -10,7 +10,7 @@ only while the file is read, changed in memory and written; never while a GPU
 tool runs.
 
 Writes go to ``checkpoint.json.spare``, which then takes the file's place in
-one step (:func:`~dra_driver.gpu.cdi.write_via_spare`, mode 0600; the spare
+one step (:func:`~dra_driver.gpu.files.write_via_spare`, mode 0600; the spare
 keeps the previous content and is overwritten by the next write, under the
 lock): a reader, or a process killed mid-write, sees the old or the new file,
 never a mix. The JSON is compact; ``jq . checkpoint.json`` shows it to people.
@@ -45,7 +45,6 @@ from typing import Any
 
 from dra_driver.errors import DriverError
 from dra_driver.gpu import cdi
-from dra_driver.gpu.cdi import CdiError, read_whole, temp_files_for, write_via_spare
 from dra_driver.gpu.checkpoint import (
     VERSION,
     Checkpoint,
@@ -56,7 +55,14 @@ from dra_driver.gpu.checkpoint import (
     decode,
     migrate_v1,
 )
-from dra_driver.gpu.locks import LockTimeout, NodeLocks
+from dra_driver.gpu.files import (
+    CdiError,
+    LockTimeout,
+    NodeLocks,
+    read_whole,
+    temp_files_for,
+    write_via_spare,
+)
 from dra_driver.gpu.naming import gpu_name_of
 from dra_driver.gpu.strategies.base import SharingStrategy, Strategies, Unit
 from dra_driver.plugin.claims import PrepareError
