@@ -48,7 +48,7 @@ class BenchBackend:
         self._pool = Pool(devices=tuple(Device(f"gpu-{i}") for i in range(devices)))
 
     def prepare(self, claim: Any) -> list[Any]:
-        from dra_driver.plugin.backend import PreparedDevice
+        from dra_driver.plugin.claims import PreparedDevice
 
         return [
             PreparedDevice((d.base_request,), d.pool, d.device, (f"{DRIVER}/gpu={claim.uid}",))

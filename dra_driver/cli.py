@@ -1,11 +1,13 @@
 """Command-line entry point: parses flags and their environment twins, sets up logging
 once, dispatches, and is the one edge where our errors become a line and an exit code.
 
-Each subcommand lives in its own module under :mod:`dra_driver.commands` and
-imports its heavy dependencies only when it runs, so ``--help`` and
-``--version`` stay fast. Every long flag of every command has one environment
-variable, ``DRA_`` + its name (:mod:`dra_driver.envflags`); ``--log-level``
-and ``--log-format`` are accepted before or after the subcommand.
+Each subcommand lives in its own module under :mod:`dra_driver.commands`;
+:data:`COMMANDS` maps its name to that module, and only the module of the command
+being run is imported (``kubelet-plugin`` never loads ``simulate`` or ``explain``
+and what they import); ``--help`` and ``--version`` import none. Every long flag
+of every command has one environment variable, ``DRA_`` + its name
+(:mod:`dra_driver.envflags`); ``--log-level`` and ``--log-format`` are accepted
+before or after the subcommand.
 """
 
 from __future__ import annotations
@@ -15,30 +17,74 @@ import importlib
 import logging
 import os
 import sys
-from collections.abc import Mapping, Sequence
-from types import ModuleType
+from collections.abc import Collection, Mapping, Sequence
 
 from dra_driver import __version__, envflags
 from dra_driver.errors import DriverError
 from dra_driver.logs import LOG_FORMATS, setup_logging
 
-# Subcommand modules, in the order `--help` lists them. Each defines NAME, HELP,
-# add_arguments(parser) and run(args) -> int.
-COMMAND_MODULES: tuple[str, ...] = (
-    "dra_driver.commands.devcluster",
-    "dra_driver.commands.discover",
-    "dra_driver.commands.slices",
-    "dra_driver.commands.kubelet_plugin",
-    "dra_driver.commands.report",
-    "dra_driver.commands.demo",
-    "dra_driver.commands.simulate",
-    "dra_driver.commands.explain",
-)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "dev-cluster": (
+        "dra_driver.commands.devcluster",
+        "run a local Kubernetes control plane (etcd, apiserver, scheduler, controller-manager)",
+    ),
+    "discover": (
+        "dra_driver.commands.discover",
+        "discover the node's GPUs (NVML + sysfs) and print them",
+    ),
+    "slices": ("dra_driver.commands.slices", "print the ResourceSlices this node would publish"),
+    "kubelet-plugin": (
+        "dra_driver.commands.kubelet_plugin",
+        "run the DRA kubelet plugin for this node's GPUs",
+    ),
+    "report": (
+        "dra_driver.commands.report",
+        "report claims whose GPUs stayed under-used, with a smaller MIG profile or share",
+    ),
+    "demo": (
+        "dra_driver.commands.demo",
+        "run a control plane and two real nodes with emulated GPUs; walk through example claims",
+    ),
+    "simulate": (
+        "dra_driver.commands.simulate",
+        "allocate ResourceClaims offline as the kube-scheduler would",
+    ),
+    "explain": (
+        "dra_driver.commands.explain",
+        "explain why a ResourceClaim got its devices or why it stays pending",
+    ),
+}
+"""Command name -> (module, help), in the order ``--help`` lists them. Each module
+defines ``add_arguments(parser)`` and ``run(args) -> int``."""
 LOG_LEVELS = ("debug", "info", "warning", "error")
+_VALUED = ("--log-format", "--log-level")
+"""Global options that take a value (skipped when looking for the command's name)."""
 
 
-def _load_commands() -> list[ModuleType]:
-    return [importlib.import_module(name) for name in COMMAND_MODULES]
+def command_in(argv: Sequence[str]) -> str | None:
+    """The command ``argv`` names (its first word that is not an option or an option's
+    value), or None."""
+    value_next = False
+    for arg in argv:
+        if value_next:
+            value_next = False
+        elif arg in _VALUED:
+            value_next = True
+        elif not arg.startswith("-"):
+            return arg if arg in COMMANDS else None
+    return None
+
+
+def _to_load(argv: Sequence[str]) -> Collection[str]:
+    """The commands whose modules the parser needs for ``argv``: the one named; none for
+    plain ``--help``/``--version``; all when the command cannot be told beforehand (an
+    abbreviated option, say), so argparse parses and reports exactly as it would."""
+    command = command_in(argv)
+    if command is not None:
+        return (command,)
+    if any(a in ("-h", "--help", "--version") for a in argv):
+        return ()
+    return tuple(COMMANDS)
 
 
 def _add_log_flags(parser: argparse.ArgumentParser, *, sub: bool) -> None:
@@ -61,8 +107,10 @@ def _add_log_flags(parser: argparse.ArgumentParser, *, sub: bool) -> None:
 
 
 def build_parser(
-    commands: Sequence[ModuleType], environ: Mapping[str, str] | None = None
+    environ: Mapping[str, str] | None = None, *, load: Collection[str] | None = None
 ) -> argparse.ArgumentParser:
+    """Every command is listed; the flags are those of the commands in ``load`` (default:
+    all), whose modules are imported here."""
     parser = argparse.ArgumentParser(
         prog="dra-driver",
         description="Kubernetes DRA driver for NVIDIA GPUs (kubelet plugin and tools). Every "
@@ -73,17 +121,20 @@ def build_parser(
     parser.add_argument("--version", action="version", version=f"dra-driver {__version__}")
     _add_log_flags(parser, sub=False)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for module in commands:
-        cmd = sub.add_parser(module.NAME, help=module.HELP, description=module.HELP)
-        module.add_arguments(cmd)
+    for name, (module_name, text) in COMMANDS.items():
+        cmd = sub.add_parser(name, help=text, description=text)
+        if load is None or name in load:
+            module = importlib.import_module(module_name)
+            module.add_arguments(cmd)
+            cmd.set_defaults(_run=module.run)
         _add_log_flags(cmd, sub=True)
-        cmd.set_defaults(_run=module.run)
     envflags.bind(parser, os.environ if environ is None else environ)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser(_load_commands())
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser(load=_to_load(argv))
     args = parser.parse_args(argv)
     setup_logging(args.log_format, getattr(logging, args.log_level.upper()))
     try:

@@ -7,14 +7,13 @@ health, claim cleanup), serving at once, and the HTTP health endpoint; then the
 metrics registry (prometheus-client's ``CollectorRegistry``), given to the plugin and to
 ``/metrics``; then the host (real or emulated GPUs)
 and the GPU driver (discovery, devices, claim preparation; it finishes any
-half-done prepare or unprepare of a previous process), handed to the plugin
-through :class:`LateBackend`; then slice publishing and background work start.
-Serving first puts the registration socket up before the GPU layer is even
-imported: claim calls that arrive
-meanwhile wait for the driver. Then the main thread waits for exactly four
-things: SIGTERM/SIGINT (stop), SIGHUP or the re-discovery interval
-(re-discover, republish if the pool changed), or a fatal failure of a
-background thread (stop, exit 1, so the kubelet restarts the pod; ``/healthz``
+half-done prepare or unprepare of a previous process), given to the plugin
+(:meth:`~dra_driver.plugin.app.KubeletPlugin.attach`); then slice publishing and
+background work start. Serving first puts the registration socket up before the
+GPU layer is even imported: claim calls that arrive meanwhile wait for the driver.
+Then the main thread waits for exactly four things: SIGTERM/SIGINT (stop), SIGHUP
+or the re-discovery interval (re-discover, republish if the pool changed), or a
+fatal failure of a background thread (stop, exit 1, so the kubelet restarts the pod; ``/healthz``
 fails meanwhile).
 
 Signals: handlers are installed before anything starts, and the main thread
@@ -36,7 +35,7 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping
 from contextlib import ExitStack
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -50,11 +49,6 @@ if TYPE_CHECKING:
     from dra_driver.gpu.driver import GpuDriver
     from dra_driver.gpu.inventory import Inventory
     from dra_driver.plugin.app import KubeletPlugin
-    from dra_driver.plugin.backend import DeviceHealth, PreparedDevice
-    from dra_driver.plugin.claimbook import PreparedClaim
-    from dra_driver.plugin.claims import Claim, ClaimRef
-    from dra_driver.plugin.claimstatus import DeviceStatus
-    from dra_driver.plugin.resources import Pool
 
 logger = logging.getLogger(__name__)
 
@@ -148,14 +142,14 @@ def _run(
     fatal = Fatal(wakeups)
     # Stopped in reverse: health endpoint, plugin, driver, then the host (NVML) last.
     gpu_host_stack = stack.enter_context(ExitStack())
-    backend = LateBackend()
-    stack.callback(backend.close)
+    driver_stack = stack.enter_context(ExitStack())
     plugin = KubeletPlugin(
         settings=settings.plugin,
-        backend=backend,
+        backend=None,  # the GPU driver, once built (claim calls wait for it meanwhile)
         logger=logging.getLogger("dra_driver.plugin"),
         environ=environ,
         on_fatal=fatal,
+        waiting_for="discovering GPUs",
     )
     stack.callback(plugin.stop, uninstall=settings.uninstall_on_exit)
     plugin.serve()
@@ -187,7 +181,8 @@ def _run(
 
         health.serve_metrics(exposition(registry))
     driver = _gpu_driver(settings, gpu_host_stack, registry)
-    backend.attach(driver)
+    driver_stack.callback(driver.close)
+    plugin.attach(driver)
     plugin.start()
     _trim_heap()
     logger.info(
@@ -305,78 +300,6 @@ def _trim_heap() -> None:
         ctypes.CDLL(None).malloc_trim(0)
     except (OSError, AttributeError):  # not glibc
         pass
-
-
-class LateBackend:
-    """The GPU driver for the plugin layer, while the driver is still being built.
-
-    The sockets are served before the GPU layer is even imported; until
-    :meth:`attach`, claim calls wait (up to ``wait_s``, below the kubelet's 45 s),
-    readiness names the reason and device health is empty. Every ability of
-    :class:`~dra_driver.gpu.driver.GpuDriver` the plugin layer checks for is
-    forwarded here; a new one must be too.
-    """
-
-    supports_parallel_claims = True
-
-    def __init__(self, wait_s: float = 40.0) -> None:
-        self._wait_s = wait_s
-        self._attached = threading.Event()
-        self._driver: GpuDriver | None = None
-
-    def attach(self, driver: GpuDriver) -> None:
-        self._driver = driver
-        self._attached.set()
-
-    def _get(self) -> GpuDriver:
-        if not self._attached.wait(self._wait_s) or self._driver is None:
-            raise DaemonError(
-                f"the plugin is still starting (discovering GPUs) after {self._wait_s:g}s"
-            )
-        return self._driver
-
-    def close(self) -> None:
-        if self._driver is not None:
-            self._driver.close()
-
-    # DeviceBackend
-    def prepare(self, claim: Claim) -> list[PreparedDevice]:
-        return self._get().prepare(claim)
-
-    def unprepare(self, claim: ClaimRef) -> None:
-        self._get().unprepare(claim)
-
-    def prepared_devices(self, claim: ClaimRef) -> list[PreparedDevice] | None:
-        return self._get().prepared_devices(claim)
-
-    def prepared_claims(self) -> list[ClaimRef]:
-        return self._get().prepared_claims()
-
-    def pool(self) -> Pool:
-        return self._get().pool()
-
-    # HealthReporter, StatusReporter, BackgroundWork, DeviceStatusReporter, ClaimUsage,
-    # PreparedLookup
-    def device_health(self) -> list[DeviceHealth]:
-        return self._driver.device_health() if self._driver is not None else []
-
-    def problems(self) -> list[str]:
-        if self._driver is None:
-            return ["starting: discovering GPUs"]
-        return self._driver.problems()
-
-    def start_background(self, notify: Callable[[], None]) -> None:
-        self._get().start_background(notify)
-
-    def stop_background(self) -> None:
-        if self._driver is not None:
-            self._driver.stop_background()
-
-    def device_status(self, devices: Sequence[PreparedDevice]) -> list[DeviceStatus]:
-        return self._get().device_status(devices)
-
-    def watch_claims(self, claims: Callable[[], list[PreparedClaim]]) -> None:
-        self._get().watch_claims(claims)
 
 
 class DaemonError(DriverError):

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from dra_driver.gpu.devices import NumaAttributeForm
     from dra_driver.gpu.healthpolicy import HealthPolicy
     from dra_driver.gpu.partitions import MigMode
-    from dra_driver.plugin.app import PluginSettings
+    from dra_driver.plugin.settings import PluginSettings
 
 _LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
 _SUBDOMAIN = re.compile(rf"^{_LABEL}(\.{_LABEL})*$")
@@ -134,7 +134,7 @@ def host_settings(args: argparse.Namespace) -> HostSettings:
 def daemon_settings(args: argparse.Namespace) -> DaemonSettings:
     """Validated settings of ``kubelet-plugin``; raises :class:`SettingsError`."""
     from dra_driver.commands.observability import health_policy
-    from dra_driver.plugin.app import PluginSettings
+    from dra_driver.plugin.settings import PluginSettings
 
     driver, node = args.driver_name, args.node_name
     if not node:

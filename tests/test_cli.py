@@ -155,10 +155,10 @@ def _actions(parser: Any) -> list[tuple[str, Any]]:
 
 
 def test_every_long_flag_has_one_env_variable_named_in_its_help() -> None:
-    from dra_driver.cli import _load_commands, build_parser
+    from dra_driver.cli import build_parser
     from dra_driver.envflags import env_name
 
-    parser = build_parser(_load_commands(), environ={})
+    parser = build_parser(environ={})
     checked = 0
     for where, action in _actions(parser):
         long = next(o for o in action.option_strings if o.startswith("--"))
@@ -171,7 +171,7 @@ def test_every_long_flag_has_one_env_variable_named_in_its_help() -> None:
 
 
 def test_env_variables_set_defaults_and_flags_win() -> None:
-    from dra_driver.cli import _load_commands, build_parser
+    from dra_driver.cli import build_parser
     from dra_driver.settings import daemon_settings
 
     environ = {
@@ -183,7 +183,7 @@ def test_env_variables_set_defaults_and_flags_win() -> None:
         "DRA_ROLLING_UPDATE_UID": "",  # empty: unset, as a DaemonSet may render it
         "DRA_CDI_HOOK_SOURCE": "none",
     }
-    parser = build_parser(_load_commands(), environ=environ)
+    parser = build_parser(environ=environ)
     args = parser.parse_args(["kubelet-plugin"])
     gpu = daemon_settings(args).gpu
     hook = Path("/var/lib/kubelet/plugins/gpu.nvidia.com/nvidia-cdi-hook")
@@ -241,3 +241,48 @@ def test_invalid_settings_are_one_clear_line_and_exit_2(
     assert message in result.stderr
     assert len(result.stderr.splitlines()) == 1 and "Traceback" not in result.stderr
     assert not (tmp_path / "s").exists()  # nothing was started or written
+
+
+TOOLING = ("dra_driver.commands.simulate", "dra_driver.commands.explain",
+           "dra_driver.allocation", "dra_driver.cel", "celpy", "cel_expr_python")  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        pytest.param(["kubelet-plugin", "--help"], id="help"),
+        # Fails in settings validation, after the command's run() began.
+        pytest.param(
+            [
+                "--log-level",
+                "error",
+                "kubelet-plugin",
+                "--node-name=n",
+                "--driver-name=Not_A_Name",
+                "--health-port=-1",
+            ],
+            id="run",
+        ),
+    ],
+)
+def test_the_kubelet_plugin_command_loads_no_other_command(argv: list[str]) -> None:
+    """The daemon loads only what it runs: the simulate/explain tooling (CEL, the
+    allocator) stays out of the kubelet plugin's process."""
+    code = (
+        "import sys\n"
+        "from dra_driver import cli\n"
+        "try:\n"
+        f"    cli.main({argv!r})\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        "print(' '.join(sorted(sys.modules)))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, check=False)  # fmt: skip
+    loaded = done.stdout.split()
+    assert "dra_driver.commands.kubelet_plugin" in loaded, done.stderr
+    assert [m for m in loaded if m.startswith(TOOLING)] == []
+    assert [m for m in loaded if m.startswith("dra_driver.commands.")] == [
+        "dra_driver.commands.discover", "dra_driver.commands.kubelet_plugin",
+        "dra_driver.commands.observability", "dra_driver.commands.slices",
+    ]  # fmt: skip

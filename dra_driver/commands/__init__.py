@@ -1,1 +1,1 @@
-"""One module per ``dra-driver`` subcommand (see :data:`dra_driver.cli.COMMAND_MODULES`)."""
+"""One module per ``dra-driver`` subcommand (see :data:`dra_driver.cli.COMMANDS`)."""

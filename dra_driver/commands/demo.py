@@ -15,9 +15,6 @@ import sys
 from pathlib import Path
 from types import FrameType
 
-NAME = "demo"
-HELP = "run a control plane and two real nodes with emulated GPUs; walk through example claims"
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(

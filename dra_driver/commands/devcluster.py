@@ -16,9 +16,6 @@ import threading
 from pathlib import Path
 from types import FrameType
 
-NAME = "dev-cluster"
-HELP = "run a local Kubernetes control plane (etcd, apiserver, scheduler, controller-manager)"
-
 logger = logging.getLogger(__name__)
 
 

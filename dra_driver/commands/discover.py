@@ -26,8 +26,6 @@ if TYPE_CHECKING:
     from dra_driver.gpu.hostpaths import HostPaths
     from dra_driver.gpu.inventory import Inventory
 
-NAME = "discover"
-HELP = "discover the node's GPUs (NVML + sysfs) and print them"
 
 logger = logging.getLogger(__name__)
 

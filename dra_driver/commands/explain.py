@@ -15,9 +15,6 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-NAME = "explain"
-HELP = "explain why a ResourceClaim got its devices or why it stays pending"
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("claim", metavar="CLAIM", help="ResourceClaim name (or NAMESPACE/NAME)")

@@ -22,9 +22,6 @@ from dra_driver.commands import observability
 from dra_driver.commands.discover import add_host_arguments
 from dra_driver.commands.slices import consumable_gpus
 
-NAME = "kubelet-plugin"
-HELP = "run the DRA kubelet plugin for this node's GPUs"
-
 logger = logging.getLogger(__name__)
 
 

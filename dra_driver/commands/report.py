@@ -27,8 +27,6 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from dra_driver.gpu.rightsizing import DeviceWindow, Finding
 
-NAME = "report"
-HELP = "report claims whose GPUs stayed under-used, with a smaller MIG profile or share"
 
 METRICS = (
     "dra_driver_claim_gpu_utilization_ratio",

@@ -16,9 +16,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-NAME = "simulate"
-HELP = "allocate ResourceClaims offline as the kube-scheduler would"
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(

@@ -24,8 +24,6 @@ if TYPE_CHECKING:
     from dra_driver.gpu.inventory import Inventory
     from dra_driver.gpu.partitions import MigMode
 
-NAME = "slices"
-HELP = "print the ResourceSlices this node would publish"
 
 logger = logging.getLogger(__name__)
 

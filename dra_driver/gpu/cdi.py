@@ -16,19 +16,21 @@ reaches a runtime (where it would invalidate only itself, silently).
 
 from __future__ import annotations
 
-import ctypes
-import errno
 import functools
 import json
-import os
 import re
-import threading
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dra_driver.errors import DriverError
+from dra_driver.gpu.files import CdiError as CdiError  # raised here too; callers catch cdi.CdiError
+from dra_driver.gpu.files import (
+    Opener,
+    default_opener,
+    os_reason,
+    temp_files_for,
+    write_atomic,
+)
 
 SPEC_FILE_MODE = 0o644
 """Runtimes read the file as root; hooks in it run as root, so never group/world writable."""
@@ -40,10 +42,6 @@ HOOK_NAMES = frozenset(
 _VENDOR_CLASS = re.compile(r"^[A-Za-z]([A-Za-z0-9_.-]*[A-Za-z0-9])?$")
 _DEVICE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.:-]*[A-Za-z0-9])?$")
 _ENV = re.compile(r"^[^=]+=")
-
-
-class CdiError(DriverError):
-    """A spec we built is invalid, or the spec file cannot be written or removed."""
 
 
 @dataclass(frozen=True)
@@ -312,172 +310,6 @@ def validate(spec: Spec) -> None:
     _validate_edits(spec.edits, "containerEdits")
 
 
-Opener = Callable[[Path], tuple[int, str]]
-"""Creates a temp file next to the target, returns ``(fd, path)``; tests inject faults here."""
-
-
-def _default_opener(target: Path) -> tuple[int, str]:
-    """``<target>.<pid>.<thread>.tmp``, created new (never truncated: ext4 flushes a file
-    truncated over old data when it is closed)."""
-    tmp = f"{target}.{os.getpid()}.{threading.get_ident()}.tmp"
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
-    try:
-        return os.open(tmp, flags, 0o600), tmp
-    except FileExistsError:  # left by a killed process that had the same PID
-        Path(tmp).unlink()
-        return os.open(tmp, flags, 0o600), tmp
-
-
-def temp_files_for(target: Path) -> list[Path]:
-    """Leftover temp files of an interrupted write (never ``.json``, so never loaded):
-    ``<target name>.*.tmp``, by a directory scan (every unprepare asks; glob's pattern
-    machinery cost more than the rest of removing a spec)."""
-    prefix = f"{target.name}."
-    try:
-        with os.scandir(target.parent) as entries:
-            names = [
-                e.name
-                for e in entries
-                if e.name.startswith(prefix)
-                and e.name.endswith(".tmp")
-                and len(e.name) >= len(prefix) + 4
-            ]
-    except (FileNotFoundError, NotADirectoryError):
-        return []
-    return [target.parent / name for name in sorted(names)]
-
-
-@functools.cache
-def _renameat2() -> Callable[..., int] | None:
-    try:
-        fn: Callable[..., int] = ctypes.CDLL(None, use_errno=True).renameat2
-    except AttributeError:  # glibc < 2.28
-        return None
-    return fn
-
-
-_AT_FDCWD = -100
-_RENAME_EXCHANGE = 2
-
-
-def _exchange(tmp: str, target: Path) -> bool:
-    """Swap ``tmp`` and ``target`` atomically (``renameat2(RENAME_EXCHANGE)``); False when
-    the target does not exist or the filesystem cannot exchange."""
-    fn = _renameat2()
-    if fn is None:
-        return False
-    if fn(_AT_FDCWD, os.fsencode(tmp), _AT_FDCWD, os.fsencode(target), _RENAME_EXCHANGE) == 0:
-        return True
-    err = ctypes.get_errno()
-    if err in (errno.ENOENT, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
-        return False
-    raise OSError(err, os.strerror(err), str(target))
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    """Plain descriptor calls, no buffered file object: every prepare and unprepare
-    writes a spec or the checkpoint."""
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
-
-
-def write_atomic(
-    target: Path, data: bytes, *, mode: int = SPEC_FILE_MODE, opener: Opener = _default_opener
-) -> None:
-    """A complete temp file in the same dir takes the place of ``target`` in one step.
-
-    Readers (runtimes watching the dir with inotify) see either the old or the new
-    file, never a mix, and a process killed mid-write leaves only a temp file (never
-    ``.json``, so never loaded). An existing target is *exchanged* with the temp file
-    (``renameat2(RENAME_EXCHANGE)``) and the old content unlinked: as atomic as a
-    rename over it, but without ext4's flush of the new data on such a rename
-    (``auto_da_alloc``: 1.4 ms here, most of a checkpoint write). That flush, like an
-    fsync, would only protect against a power loss, and after the reboot that
-    follows every spec and checkpoint entry we wrote is stale (the checkpoint
-    discards the previous boot's claims and removes their specs; the kubelet
-    prepares running pods' claims again). On any error the temp file is removed and
-    nothing else changes.
-    """
-    try:
-        fd, tmp = opener(target)
-    except OSError as exc:
-        raise CdiError(f"create temp file in {target.parent}: {_reason(exc)}") from exc
-    try:
-        try:
-            _write_all(fd, data)
-            os.fchmod(fd, mode)
-        finally:
-            os.close(fd)
-        if not _exchange(tmp, target):
-            # No target yet: a plain rename, nothing to flush. os, not pathlib: every
-            # prepare and unprepare writes here, and Path objects cost more than the call.
-            os.replace(tmp, target)  # noqa: PTH105
-    except OSError as exc:
-        _unlink_missing_ok(tmp)
-        raise CdiError(f"write {target}: {_reason(exc)}") from exc
-    _unlink_missing_ok(tmp)  # the old content, after an exchange
-
-
-def write_via_spare(target: Path, spare: Path, data: bytes, *, mode: int) -> None:
-    """:func:`write_atomic` for a file only one writer at a time changes (the caller holds
-    a lock that every writer takes), reusing one inode instead of creating a temp file.
-
-    ``spare`` (never ``*.json``, so never loaded) is overwritten in place and exchanged
-    with ``target``; the exchange leaves the old content in ``spare`` for the next
-    write. Readers see the old or the new file, never a mix; a process killed
-    mid-write leaves a torn spare, which is only ever overwritten. Creating an inode per
-    write cost ext4 more than the rest of the write (it scans past recently deleted
-    inodes: 3.6 % of the plugin's CPU in a prepare burst, README "Benchmarks"). The
-    spare is cut to the new length, never to zero first: ext4 flushes a file truncated
-    to zero when it is closed (``auto_da_alloc``), as :func:`_default_opener` notes. On
-    an error the target is unchanged; the spare may hold anything.
-    """
-    try:
-        fd = os.open(spare, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
-    except OSError as exc:
-        raise CdiError(f"open {spare}: {_reason(exc)}") from exc
-    try:
-        try:
-            _write_all(fd, data)
-            os.ftruncate(fd, len(data))
-            os.fchmod(fd, mode)
-        finally:
-            os.close(fd)
-        if not _exchange(str(spare), target):
-            spare.replace(target)  # the first write: nothing to exchange with
-    except OSError as exc:
-        raise CdiError(f"write {target}: {_reason(exc)}") from exc
-
-
-def read_whole(path: Path | str) -> bytes:
-    """A small file's bytes with plain descriptor calls (no buffered file object: the
-    checkpoint and ``/proc/devices`` are read on every prepare). Raises OSError."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        chunks = []
-        while chunk := os.read(fd, 1 << 20):
-            chunks.append(chunk)
-    finally:
-        os.close(fd)
-    return b"".join(chunks)
-
-
-def _unlink_missing_ok(path: str) -> None:
-    try:
-        os.unlink(path)  # noqa: PTH108 (see write_atomic)
-    except FileNotFoundError:
-        pass
-
-
-def _reason(exc: OSError) -> str:
-    if exc.errno == errno.ENOSPC:
-        return "no space left on device"
-    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
-        return f"not writable ({exc.strerror})"
-    return exc.strerror or str(exc)
-
-
 def encode(spec: Spec) -> bytes:
     """Compact JSON: a spec is read by runtimes on every container start (and ``jq``
     formats it for people); indenting cost more than everything else in a prepare."""
@@ -486,7 +318,7 @@ def encode(spec: Spec) -> bytes:
 
 
 def write_spec(
-    cdi_dir: Path, transient_id: str, spec: Spec, *, opener: Opener = _default_opener
+    cdi_dir: Path, transient_id: str, spec: Spec, *, opener: Opener = default_opener
 ) -> Path:
     """Validate and atomically write one transient spec; returns its path."""
     data = encode(spec)
@@ -495,8 +327,8 @@ def write_spec(
         try:
             cdi_dir.mkdir(mode=0o755, parents=True, exist_ok=True)
         except OSError as exc:
-            raise CdiError(f"create CDI dir {cdi_dir}: {_reason(exc)}") from exc
-    write_atomic(target, data, opener=opener)
+            raise CdiError(f"create CDI dir {cdi_dir}: {os_reason(exc)}") from exc
+    write_atomic(target, data, mode=SPEC_FILE_MODE, opener=opener)
     return target
 
 
@@ -509,4 +341,4 @@ def remove_spec(cdi_dir: Path, kind: str, transient_id: str) -> None:
         try:
             path.unlink(missing_ok=True)
         except OSError as exc:
-            raise CdiError(f"remove {path}: {_reason(exc)}") from exc
+            raise CdiError(f"remove {path}: {os_reason(exc)}") from exc

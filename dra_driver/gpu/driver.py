@@ -51,13 +51,13 @@ from dra_driver.gpu.nvml import Nvml
 from dra_driver.gpu.nvmlmonitor import CallObserver
 from dra_driver.gpu.partitions import MigMode, OwnedInstance
 from dra_driver.gpu.preparing import ClaimPreparer
-from dra_driver.gpu.shares import ENFORCING_DRIVER, can_enforce, consumable_pool
+from dra_driver.gpu.shares import consumable_pool, say_consumable
 from dra_driver.gpu.sharing import GpuTools
 from dra_driver.gpu.strategies.dynamicmig import owned_by
 from dra_driver.gpu.usage import UsageCollector, UsageSampler, targets_for
-from dra_driver.plugin.backend import DeviceHealth, PreparedDevice
+from dra_driver.plugin.backend import DeviceHealth
 from dra_driver.plugin.claimbook import PreparedClaim
-from dra_driver.plugin.claims import Claim, ClaimRef
+from dra_driver.plugin.claims import Claim, ClaimRef, PreparedDevice
 from dra_driver.plugin.claimstatus import DeviceStatus
 from dra_driver.plugin.resources import DeviceTaint, Pool
 
@@ -162,7 +162,7 @@ class GpuDriver:
         self._place_hook()
         self._inventory = discover()
         if self._consumable:
-            _say_consumable(self._consumable, self._inventory, logger)
+            say_consumable(self._consumable, self._inventory, logger)
         self._preparer = ClaimPreparer(
             driver_name=driver_name,
             inventory=self.inventory,
@@ -372,13 +372,8 @@ class GpuDriver:
         published = {d.name: d for d in pool.devices}
         faults = device_faults(health, inventory)
         return [
-            device_status(
-                d.device_name,
-                inventory,
-                published.get(d.device_name),
-                faults.get(d.device_name, []),
-            )
-            for d in devices
+            device_status(name, inventory, published.get(name), faults.get(name, []))
+            for name in (d.device_name for d in devices)
         ]
 
     # ---- HealthReporter ----
@@ -403,25 +398,3 @@ class GpuDriver:
                 DeviceHealth(self._pool_name, d.name, "Unhealthy" if bad else "Healthy", message)
             )
         return out
-
-
-def _say_consumable(selection: ConsumableGpus, inventory: Inventory, log: logging.Logger) -> None:
-    """At start: what sharing will be on this node, so an admin sees it before a claim fails."""
-    shared = [g.uuid for g in inventory.gpus if not g.mig_enabled and selection.selects(g)]
-    unmatched = selection.unmatched(inventory)
-    if unmatched:
-        log.warning(
-            "--consumable-gpus names no GPU of this node: %s; this node has %s",
-            ", ".join(unmatched),
-            ", ".join(sorted({g.product_name for g in inventory.gpus})) or "no GPU",
-        )
-    if shared and not can_enforce(inventory.driver_version):
-        log.warning(
-            "driver %s cannot enforce fractional shares (r%d+ runs one MPS server per share "
-            "on an EXCLUSIVE_PROCESS GPU): a fractional share fails to prepare unless its "
-            "config asks for advisory time-slicing (sharing.strategy: TimeSlicing); whole-GPU "
-            "claims are unaffected",
-            inventory.driver_version,
-            ENFORCING_DRIVER,
-        )
-    log.info("consumable GPUs", extra={"gpus": shared})

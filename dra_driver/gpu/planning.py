@@ -23,8 +23,7 @@ from dra_driver.gpu.strategies.base import (
     Target,
     Unit,
 )
-from dra_driver.plugin.backend import PrepareError
-from dra_driver.plugin.claims import Claim
+from dra_driver.plugin.claims import Claim, PrepareError
 
 
 @dataclass(frozen=True)
@@ -126,7 +125,8 @@ def _units(
         if target.admin_access:
             continue  # monitoring access to a device in use: device nodes only, no changes
         config = configs[(target.request, target.name)]
-        for strategy in strategies:
+        sharing = config.sharing.strategy if config.sharing is not None else None
+        for strategy in strategies.asked(sharing, target.share_id is not None):
             if strategy.wants(target, config):
                 _, _, members = groups.setdefault(
                     (strategy.name, config.origin), (strategy, config, [])

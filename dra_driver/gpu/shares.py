@@ -28,6 +28,7 @@ capacity without a policy would be consumed whole by every share.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import re
 from collections.abc import Mapping
@@ -185,3 +186,25 @@ def driver_branch(driver_version: str) -> int:
 def can_enforce(driver_version: str) -> bool:
     """Whether per-share MPS limits can be made unescapable on this driver (r615+)."""
     return driver_branch(driver_version) >= ENFORCING_DRIVER
+
+
+def say_consumable(selection: ConsumableGpus, inventory: Inventory, log: logging.Logger) -> None:
+    """At start: what sharing will be on this node, so an admin sees it before a claim fails."""
+    shared = [g.uuid for g in inventory.gpus if not g.mig_enabled and selection.selects(g)]
+    unmatched = selection.unmatched(inventory)
+    if unmatched:
+        log.warning(
+            "--consumable-gpus names no GPU of this node: %s; this node has %s",
+            ", ".join(unmatched),
+            ", ".join(sorted({g.product_name for g in inventory.gpus})) or "no GPU",
+        )
+    if shared and not can_enforce(inventory.driver_version):
+        log.warning(
+            "driver %s cannot enforce fractional shares (r%d+ runs one MPS server per share "
+            "on an EXCLUSIVE_PROCESS GPU): a fractional share fails to prepare unless its "
+            "config asks for advisory time-slicing (sharing.strategy: TimeSlicing); whole-GPU "
+            "claims are unaffected",
+            inventory.driver_version,
+            ENFORCING_DRIVER,
+        )
+    log.info("consumable GPUs", extra={"gpus": shared})

@@ -1,4 +1,6 @@
-"""The checkpoint on disk: one lock, read (with migration and reboot detection), write.
+"""The checkpoint on disk: one lock, read (with migration and reboot detection), write;
+and :class:`ClaimRecords`, what prepare and unprepare share on top of it (GPU locks,
+strategies, the reboot cleanup, :class:`UnitSteps`).
 
 Every read-modify-write of ``<state_dir>/checkpoint.json`` happens inside
 :meth:`CheckpointStore.transaction`, under the ``checkpoint`` lock
@@ -8,7 +10,7 @@ only while the file is read, changed in memory and written; never while a GPU
 tool runs.
 
 Writes go to ``checkpoint.json.spare``, which then takes the file's place in
-one step (:func:`~dra_driver.gpu.cdi.write_via_spare`, mode 0600; the spare
+one step (:func:`~dra_driver.gpu.files.write_via_spare`, mode 0600; the spare
 keeps the previous content and is overwritten by the next write, under the
 lock): a reader, or a process killed mid-write, sees the old or the new file,
 never a mix. The JSON is compact; ``jq . checkpoint.json`` shows it to people.
@@ -30,26 +32,40 @@ start the plugin.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from dra_driver.gpu.cdi import CdiError, read_whole, temp_files_for, write_via_spare
+from dra_driver.errors import DriverError
+from dra_driver.gpu import cdi
 from dra_driver.gpu.checkpoint import (
     VERSION,
     Checkpoint,
     CheckpointCorruptError,
     CheckpointError,
+    ClaimEntry,
     Encoder,
     decode,
     migrate_v1,
 )
-from dra_driver.gpu.locks import LockTimeout, NodeLocks
+from dra_driver.gpu.files import (
+    CdiError,
+    LockTimeout,
+    NodeLocks,
+    read_whole,
+    temp_files_for,
+    write_via_spare,
+)
+from dra_driver.gpu.naming import gpu_name_of
+from dra_driver.gpu.strategies.base import SharingStrategy, Strategies, Unit
+from dra_driver.plugin.claims import PrepareError
 
 FILE_NAME = "checkpoint.json"
 SPARE_NAME = "checkpoint.json.spare"
@@ -235,3 +251,104 @@ class CheckpointStore:
                     tmp.unlink(missing_ok=True)
             except FileNotFoundError:
                 pass
+
+
+class ClaimRecords:
+    """What both directions of the claim pipeline work under: the checkpoint, the GPU
+    locks, the strategies and the CDI spec dir, with the helpers they share
+    (:class:`~dra_driver.gpu.preparing.ClaimPreparer` sets the fields)."""
+
+    kind: str
+    _cdi_dir: Path
+    _log: logging.Logger
+    _store: CheckpointStore
+    _locks: NodeLocks
+    _gpu_lock_timeout_s: float
+    _strategies: Strategies
+    _on_step: Callable[[str], None]
+
+    def _handle_reboot(self, loaded: Loaded) -> None:
+        """State of a previous boot was discarded: remove its files (never signal a PID)."""
+        if not loaded.rebooted:
+            return
+        vendor, cls = self.kind.split("/", 1)
+        if self._cdi_dir.is_dir():
+            for spec in self._cdi_dir.glob(f"{vendor}-{cls}_*"):
+                spec.unlink(missing_ok=True)
+        for strategy in self._strategies:
+            strategy.after_reboot()
+        self._store.save(loaded.checkpoint)
+        loaded.rebooted = False
+
+    def _spec_path(self, uid: str) -> Path:
+        return cdi.transient_spec_path(self._cdi_dir, self.kind, uid)
+
+    def _strategy(self, name: str) -> SharingStrategy:
+        strategy = self._strategies.get(name)
+        if strategy is None:
+            raise PrepareError(f"the checkpoint names strategy {name!r}, which this plugin lacks")
+        return strategy
+
+    @contextmanager
+    def _hold(self, names: Any) -> Iterator[None]:
+        try:
+            with self._locks.hold(names, timeout_s=self._gpu_lock_timeout_s):
+                yield
+        except LockTimeout as exc:
+            raise PrepareError(
+                f"GPU {exc.name} is busy: {exc}; another claim's prepare or unprepare on it is "
+                "still running. The kubelet retries"
+            ) from exc
+
+    @contextmanager
+    def _errors(self, what: str) -> Iterator[None]:
+        """Our own errors as :class:`PrepareError` naming the claim; others pass through."""
+        try:
+            yield
+        except PrepareError:
+            raise
+        except DriverError as exc:
+            raise PrepareError(f"{what}: {exc}") from exc
+
+
+class UnitSteps:
+    """A strategy's view of the pipeline while it acts on one unit."""
+
+    def __init__(
+        self, preparer: ClaimRecords, uid: str, units: list[Unit] | None = None, index: int = 0
+    ) -> None:
+        self._p, self._uid, self._units, self._index = preparer, uid, units, index
+
+    def done(self, name: str) -> None:
+        self._p._on_step(name)
+
+    def record(self, record: Mapping[str, Any]) -> None:
+        if self._units is None:
+            raise ValueError("only apply() records; acquire() returns its record")
+        with self._p._store.transaction() as loaded:
+            claims = loaded.checkpoint.claims
+            entry = claims[self._uid]
+            unit = dataclasses.replace(entry.units[self._index], record=dict(record))
+            units = list(entry.units)
+            units[self._index] = self._units[self._index] = unit
+            claims[self._uid] = dataclasses.replace(entry, units=tuple(units))
+            self._p._store.save(loaded.checkpoint)
+        self._p._on_step(f"record:{unit.strategy}")
+
+
+class MoreLocks(Exception):
+    """The claim's entry names GPUs the caller does not hold (it changed while we waited):
+    retry holding these too."""
+
+    def __init__(self, locks: set[str]) -> None:
+        super().__init__(f"the claim now needs GPU locks {sorted(locks)}")
+        self.locks = locks
+
+
+def locks_of(entry: ClaimEntry | None) -> set[str]:
+    return {gpu_name_of(d.device) for d in entry.devices} if entry is not None else set()
+
+
+def describe(exc: BaseException) -> str:
+    """An error for the kubelet: ours as they are, others with their type."""
+    return str(exc) if isinstance(exc, DriverError) else f"{type(exc).__name__}: {exc}"

@@ -5,6 +5,8 @@ Usage::
     settings = PluginSettings(driver_name="gpu.example.com", node_name=node)
     plugin = KubeletPlugin(settings=settings, backend=my_backend, logger=log)
     plugin.serve()            # optional: sockets up before the backend is ready
+                              # (then built with backend=None and, before start,
+    plugin.attach(backend)    # given it: claim calls wait for it meanwhile)
     plugin.add_metrics(registry)     # optional, once, before or after start(): a
                                      # prometheus_client.CollectorRegistry
     plugin.start()            # serving, slices being published, background work
@@ -39,8 +41,6 @@ import threading
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import wait as wait_for
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -53,20 +53,19 @@ from dra_driver.plugin.backend import (
     HealthReporter,
     StatusReporter,
 )
-from dra_driver.plugin.claimbook import ClaimKeeper, ClaimUsage, PreparedClaimBook
-from dra_driver.plugin.claimevents import ClaimActivity
+from dra_driver.plugin.claimbook import ClaimActivity, ClaimKeeper, ClaimUsage, PreparedClaimBook
 from dra_driver.plugin.claimstatus import ClaimStatusWriter, DeviceStatusReporter
 from dra_driver.plugin.cleanup import StaleClaimCleaner
 from dra_driver.plugin.health import HealthHub, add_health_services
 from dra_driver.plugin.kubeclient import KubeClient
-from dra_driver.plugin.nodeservice import add_node_services
-from dra_driver.plugin.preparing import ClaimService
-from dra_driver.plugin.publishing import PublishStatus, SlicePublisher
+from dra_driver.plugin.preparing import ClaimService, add_node_services
+from dra_driver.plugin.publishing import SlicePublisher
 from dra_driver.plugin.registration import (
     RegistrationServicer,
     RegistrationState,
     supported_versions,
 )
+from dra_driver.plugin.settings import PluginSettings, Readiness
 from dra_driver.plugin.slices import validate_names
 from dra_driver.plugin.sockets import (
     FileLock,
@@ -83,109 +82,18 @@ if TYPE_CHECKING:
     from dra_driver.plugin.metrics import PluginMetrics
 
 
-@dataclass(frozen=True)
-class PluginSettings:
-    """Everything the plugin layer needs to know; built once by the CLI."""
-
-    driver_name: str
-    """DNS subdomain <= 63 chars, e.g. ``gpu.example.com``; names sockets and slices."""
-    node_name: str
-    """This node; also the pool name and the slices' ``spec.nodeName``."""
-    registry_dir: Path = Path("/var/lib/kubelet/plugins_registry")
-    """Where the kubelet's plugin watcher looks (``<kubelet root>/plugins_registry``)."""
-    plugins_dir: Path = Path("/var/lib/kubelet/plugins")
-    """Parent of our private ``<driver>/`` dir holding the DRA socket and lock file."""
-    rolling_update_uid: str | None = None
-    """Pod UID: enables UID-suffixed sockets and the cross-process file lock, so two
-    plugin pods can overlap during a DaemonSet surge update. None: plain names."""
-    socket_group: int | None = None
-    """Group ID for 0660 sockets; None keeps them 0600 (root only)."""
-    health_interval_s: float = 10.0
-    """Full device-health list is streamed at least this often (kubelet marks a device
-    Unknown after 30 s without refresh)."""
-    cleanup_interval_s: float = 600.0
-    """How often prepared claims are checked against the API server; also once at start."""
-    resync_interval_s: float = 30.0
-    """Slices are re-listed and repaired at least this often, besides watch events."""
-    kubeconfig: Path | None = None
-    """Kubeconfig file(s), ':'-joined; None uses the in-cluster service account."""
-    kube_context: str | None = None
-    """Context of ``kubeconfig``; None is its current-context."""
-    serve_health: bool = True
-    """Serve and advertise the DRAResourceHealth services."""
-    serialize_claims: bool = False
-    """Force one backend call at a time even if the backend supports parallel claims."""
-    grpc_workers: int = 16
-    """gRPC handler threads; each open health stream holds one."""
-    api_timeout_s: float = 10.0
-    """Per-request API server timeout."""
-    claim_status: bool = True
-    """Write our devices into each prepared claim's ``status.devices`` (KEP-4817); needs
-    RBAC on ``resourceclaims/status`` and ``resourceclaims/driver`` (deploy/rbac)."""
-    claim_refresh_interval_s: float = 60.0
-    """How often the pods of prepared claims are re-read (usage labels) and changed claim
-    status entries re-applied (also right after every health change)."""
-
-
-@dataclass(frozen=True)
-class Readiness:
-    """Snapshot for a health endpoint; ``ready`` is the overall verdict."""
-
-    serving: bool
-    registered: bool
-    registration_error: str
-    publish: PublishStatus = field(default_factory=PublishStatus)
-    devices: tuple[DeviceHealth, ...] = ()
-    """Device health as streamed to the kubelet (read fresh; a change is pushed to the
-    streams first). A broken device does not make the plugin unready (the plugin still
-    serves the others); it is listed."""
-    fatal: str = ""
-    """Why a background thread died; the plugin is then not alive (``/healthz``)."""
-    backend_problems: tuple[str, ...] = ()
-    """What the backend reports as keeping it from preparing claims (e.g. a corrupt
-    checkpoint); the plugin is not ready while there are any."""
-
-    @property
-    def alive(self) -> bool:
-        """Liveness: serving and no background thread dead."""
-        return self.serving and not self.fatal
-
-    @property
-    def ready(self) -> bool:
-        return (
-            self.alive
-            and self.registered
-            and self.publish.in_sync
-            and not self.publish.dropped_fields
-            and not self.backend_problems
-        )
-
-    @property
-    def problems(self) -> list[str]:
-        out = [f"background thread failed: {self.fatal}"] if self.fatal else []
-        out += list(self.backend_problems)
-        if not self.serving:
-            out.append("gRPC sockets are not serving")
-        if not self.registered:
-            out.append(f"not registered with the kubelet: {self.registration_error or 'pending'}")
-        if not self.publish.in_sync:
-            out.append(f"slices not published: {self.publish.last_error or 'pending'}")
-        if self.publish.dropped_fields:
-            out.append("API server dropped fields: " + ", ".join(self.publish.dropped_fields))
-        return out
-
-
 class KubeletPlugin:
     def __init__(
         self,
         *,
         settings: PluginSettings,
-        backend: DeviceBackend,
+        backend: DeviceBackend | None,
         logger: logging.Logger,
         environ: Mapping[str, str] | None = None,
         client: KubeClient | None = None,
         registry: CollectorRegistry | None = None,
         on_fatal: Callable[[str], None] | None = None,
+        waiting_for: str = "the backend",
     ) -> None:
         """Builds every component (nothing runs until :meth:`serve` / :meth:`start`).
 
@@ -194,11 +102,14 @@ class KubeletPlugin:
         ``registry``: where the plugin's metrics go (see :mod:`dra_driver.plugin.metrics`);
         None keeps none, or gives them later (:meth:`add_metrics`). ``on_fatal`` is
         called (from the failing thread) when a background thread dies; :meth:`readiness`
-        reports it too, so ``/healthz`` fails."""
+        reports it too, so ``/healthz`` fails. ``backend`` None: given by :meth:`attach`
+        before :meth:`start`; meanwhile claim calls wait for it and readiness names
+        ``waiting_for``."""
         validate_names(settings.driver_name, settings.node_name)
         s = self.settings = settings
         self.metrics: PluginMetrics | None = None
-        self._backend = backend
+        self._backend: DeviceBackend | None = None
+        self._waiting_for = waiting_for
         self._log = logger
         self._environ = dict(environ or {})
         self._on_fatal = on_fatal
@@ -227,13 +138,14 @@ class KubeletPlugin:
                 apply=lambda ns, name, body: client.apply_resource_claim_status(
                     ns, name, body, field_manager=s.driver_name
                 ),
-                reporter=backend if isinstance(backend, DeviceStatusReporter) else None,
+                reporter=None,
                 logger=logger,
                 node_name=s.node_name,
             )
+        self._status = status
         self._keeper = ClaimKeeper(
             book=book,
-            prepared=backend.prepared_claims,
+            prepared=lambda: self._need().prepared_claims(),
             status=status,
             interval_s=s.claim_refresh_interval_s,
             logger=logger,
@@ -244,12 +156,13 @@ class KubeletPlugin:
         self._service = ClaimService(
             driver_name=s.driver_name,
             pool_name=s.node_name,
-            backend=backend,
+            backend=None,
             get_claim=client.get_resource_claim,
             lock_file=FileLock(self.paths.lock) if s.rolling_update_uid else None,
             logger=logger,
             parallel=False if s.serialize_claims else None,
             events=self._events,
+            waiting_for=waiting_for,
         )
         self._hub = HealthHub(
             source=self._device_health, interval_s=s.health_interval_s, logger=logger
@@ -260,13 +173,13 @@ class KubeletPlugin:
             client=client,
             driver_name=s.driver_name,
             node_name=s.node_name,
-            pool_source=backend.pool,
+            pool_source=lambda: self._need().pool(),
             logger=logger,
             resync_interval_s=s.resync_interval_s,
             on_fatal=self._fail,
         )
         self._cleaner = StaleClaimCleaner(
-            backend=backend,
+            prepared=lambda: self._need().prepared_claims(),
             get_claim=client.get_resource_claim,
             service=self._service,
             interval_s=s.cleanup_interval_s,
@@ -274,6 +187,22 @@ class KubeletPlugin:
         )
         if registry is not None:
             self.add_metrics(registry)
+        if backend is not None:
+            self.attach(backend)
+
+    def attach(self, backend: DeviceBackend) -> None:
+        """The backend, once, before :meth:`start` (claim calls waiting for it go on)."""
+        if self._backend is not None:
+            raise ValueError("the plugin already has a backend")
+        self._backend = backend
+        if self._status is not None and isinstance(backend, DeviceStatusReporter):
+            self._status.reporter = backend
+        self._service.attach(backend)
+
+    def _need(self) -> DeviceBackend:
+        if self._backend is None:
+            raise ValueError("no backend: attach() one before start()")
+        return self._backend
 
     # -- wiring ----------------------------------------------------------------
 
@@ -294,6 +223,8 @@ class KubeletPlugin:
         return self._client
 
     def _device_health(self) -> list[DeviceHealth]:
+        if self._backend is None:
+            return []
         if isinstance(self._backend, HealthReporter):
             return self._backend.device_health()
         pool = self.settings.node_name
@@ -374,14 +305,15 @@ class KubeletPlugin:
         book = self.claims
         metrics.watch_state(
             health=self._hub.current,
-            pool=self._backend.pool,
-            prepared_claims=lambda: sum(1 for _ in self._backend.prepared_claims()),
+            pool=lambda: self._need().pool(),
+            prepared_claims=lambda: sum(1 for _ in self._need().prepared_claims()),
             prepared_devices=lambda: sum(len(c.devices) for c in book.claims()),
         )
 
     def start(self) -> None:
         """:meth:`serve` (if not yet), then publish slices, clean up stale claims, keep
         the prepared claims' status and start the backend's background work."""
+        backend = self._need()
         self.serve()
         self._client.connect()  # if not done yet: bad credentials fail the start here
         self._started = True
@@ -390,18 +322,19 @@ class KubeletPlugin:
         self._publisher.start()
         self._cleaner.start()
         self._keeper.start()
-        if isinstance(self._backend, ClaimUsage):
-            self._backend.watch_claims(self.claims.claims)
-        if isinstance(self._backend, BackgroundWork):
-            self._backend.start_background(self.republish)
+        if isinstance(backend, ClaimUsage):
+            backend.watch_claims(self.claims.claims)
+        if isinstance(backend, BackgroundWork):
+            backend.start_background(self.republish)
         self.notify_health_changed()
 
     def stop(self, *, uninstall: bool = False, grace_s: float = 5.0) -> None:
         """Deregister and stop. Slices are kept (the next instance takes them over)
         unless ``uninstall`` is true. Safe to call whether or not :meth:`start` ran."""
         remove_stale_socket(self.paths.registration)  # deregisters from the kubelet
-        if isinstance(self._backend, BackgroundWork):
-            self._backend.stop_background()
+        backend = self._backend
+        if backend is not None and isinstance(backend, BackgroundWork):
+            backend.stop_background()
         self._cleaner.stop()
         self._keeper.stop()
         self._hub.close()
@@ -428,7 +361,12 @@ class KubeletPlugin:
 
     def readiness(self) -> Readiness:
         status = self._registration.status
-        problems = self._backend.problems() if isinstance(self._backend, StatusReporter) else []
+        if self._backend is None:
+            problems = [f"starting: {self._waiting_for}"]
+        elif isinstance(self._backend, StatusReporter):
+            problems = self._backend.problems()
+        else:
+            problems = []
         return Readiness(
             serving=self._serving,
             registered=bool(status and status.registered),

@@ -2,8 +2,9 @@
 
 The plugin layer owns sockets, claim fetching and validation, per-claim
 ordering and slice publishing; a backend owns hardware and its own locking.
-Backends report a per-claim failure by raising :class:`PrepareError` (or any
-other :class:`~dra_driver.errors.DriverError`); the plugin layer turns it into
+Backends report a per-claim failure by raising
+:class:`~dra_driver.plugin.claims.PrepareError` (or any other
+:class:`~dra_driver.errors.DriverError`); the plugin layer turns it into
 that claim's ``error`` field and never fails the whole gRPC call.
 """
 
@@ -13,30 +14,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Literal, Protocol, runtime_checkable
 
-from dra_driver.errors import DriverError
-from dra_driver.plugin.claims import Claim, ClaimRef
+from dra_driver.plugin.claims import Claim, ClaimRef, PreparedDevice
 from dra_driver.plugin.resources import Pool
-
-
-class PrepareError(DriverError):
-    """A claim cannot be prepared or unprepared; the message goes to the kubelet."""
-
-    def __init__(self, message: str, *, permanent: bool = False) -> None:
-        super().__init__(message)
-        self.permanent = permanent
-        """True when retrying cannot help (bad config), False for transient faults."""
-
-
-@dataclass(frozen=True)
-class PreparedDevice:
-    """One device of a prepared claim, as the kubelet needs it."""
-
-    request_names: tuple[str, ...]
-    """As allocated (``req`` or ``req/sub``); the plugin layer sends base names."""
-    pool_name: str
-    device_name: str
-    cdi_device_ids: tuple[str, ...]
-    share_id: str | None = None
 
 
 class DeviceBackend(Protocol):

@@ -7,6 +7,9 @@ fetched from the API server is reduced by :func:`claim_from_object` to what
 *this* driver allocated *on this node's pool*: results and opaque configs of
 other drivers are dropped, a result from another pool is an error, and every
 field is type-checked so a malformed object fails with the field's path.
+
+What comes back is here too: a backend returns a list of :class:`PreparedDevice`, or raises
+:class:`PrepareError` for the one claim that failed.
 """
 
 from __future__ import annotations
@@ -100,10 +103,11 @@ class Claim:
     ref: ClaimRef
     devices: tuple[AllocatedDevice, ...]
     configs: tuple[OpaqueConfig, ...] = ()
+    uid: str = field(init=False, repr=False, compare=False)
+    """``ref.uid``, as data: read on every step of a prepare."""
 
-    @property
-    def uid(self) -> str:
-        return self.ref.uid
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "uid", self.ref.uid)
 
     def configs_for(self, request: str) -> list[OpaqueConfig]:
         """Configs for one request in precedence order (later overrides earlier)."""
@@ -183,3 +187,24 @@ def claim_from_object(obj: dict[str, Any], ref: ClaimRef, *, driver: str, pool: 
         parameters = _field(opaque, "parameters", dict, f"{path}.opaque")
         configs.append(OpaqueConfig(source=source, requests=tuple(requests), parameters=parameters))
     return Claim(ref=ref, devices=tuple(results), configs=tuple(configs))
+
+
+class PrepareError(DriverError):
+    """A claim cannot be prepared or unprepared; the message goes to the kubelet."""
+
+    def __init__(self, message: str, *, permanent: bool = False) -> None:
+        super().__init__(message)
+        self.permanent = permanent
+        """True when retrying cannot help (bad config), False for transient faults."""
+
+
+@dataclass(frozen=True)
+class PreparedDevice:
+    """One device of a prepared claim, as the kubelet needs it."""
+
+    request_names: tuple[str, ...]
+    """As allocated (``req`` or ``req/sub``); the plugin layer sends base names."""
+    pool_name: str
+    device_name: str
+    cdi_device_ids: tuple[str, ...]
+    share_id: str | None = None

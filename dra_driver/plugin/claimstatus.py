@@ -32,8 +32,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from dra_driver.plugin.backend import PreparedDevice
-from dra_driver.plugin.claims import ClaimRef
+from dra_driver.plugin.claims import ClaimRef, PreparedDevice
 from dra_driver.plugin.kubeclient import KubeApiError
 from dra_driver.retries import Retry
 
@@ -85,7 +84,8 @@ class ClaimStatusWriter:
     ) -> None:
         self._driver = driver_name
         self._apply = apply
-        self._reporter = reporter
+        self.reporter = reporter
+        """May be set once later (a backend given after the plugin was built)."""
         self._log = logger
         self._node = node_name
         self._now = now
@@ -108,7 +108,7 @@ class ClaimStatusWriter:
 
     def _entries(self, ref: ClaimRef, devices: Sequence[PreparedDevice]) -> list[Obj]:
         reported = {
-            d.device: d for d in (self._reporter.device_status(devices) if self._reporter else [])
+            d.device: d for d in (self.reporter.device_status(devices) if self.reporter else [])
         }
         out = []
         for dev in devices:

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from dra_driver.errors import DriverError
 from dra_driver.logs import claim_logger
-from dra_driver.plugin.backend import DeviceBackend
+from dra_driver.plugin.claims import ClaimRef
 from dra_driver.plugin.preparing import ClaimGetter, ClaimService
 
 
@@ -23,13 +23,13 @@ class StaleClaimCleaner:
     def __init__(
         self,
         *,
-        backend: DeviceBackend,
+        prepared: Callable[[], Iterable[ClaimRef]],
         get_claim: ClaimGetter,
         service: ClaimService,
         interval_s: float,
         logger: logging.Logger,
     ) -> None:
-        self._backend = backend
+        self._prepared = prepared
         self._get_claim = get_claim
         self._service = service
         self._interval_s = interval_s
@@ -40,7 +40,7 @@ class StaleClaimCleaner:
     def run_once(self) -> list[str]:
         """Unprepare stale claims now; returns the UIDs unprepared."""
         done: list[str] = []
-        for ref in list(self._backend.prepared_claims()):
+        for ref in list(self._prepared()):
             log = claim_logger(self._log, ref.uid, ref.namespace, ref.name)
             try:
                 obj = self._get_claim(ref.namespace, ref.name)

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from dra_driver.plugin.app import Readiness
+    from dra_driver.plugin.settings import Readiness
 
 
 class HealthServer:

@@ -1,5 +1,9 @@
 """The kubelet's prepare/unprepare requests, from the gRPC edge to the backend.
 
+The DRA node service (``DRAPlugin``) is served for both v1 and v1beta1: one
+:class:`ClaimService` sits behind both, and the two servicers only convert
+messages (the versions differ only in v1's optional ``Device.share_id``).
+
 For every claim the kubelet names, :class:`ClaimService` validates the
 reference once (:func:`~dra_driver.plugin.claims.validate_ref`); a claim the backend
 has already prepared is answered from its records
@@ -29,18 +33,26 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any
 
 from dra_driver.errors import DriverError
 from dra_driver.logs import claim_logger
-from dra_driver.plugin.backend import (
-    DeviceBackend,
-    ParallelClaims,
-    PreparedDevice,
-    PreparedLookup,
+from dra_driver.plugin._proto import (
+    dra_v1_pb2,
+    dra_v1_pb2_grpc,
+    dra_v1beta1_pb2,
+    dra_v1beta1_pb2_grpc,
 )
-from dra_driver.plugin.claimevents import ClaimEvents
-from dra_driver.plugin.claims import ClaimError, ClaimRef, claim_from_object, validate_ref
+from dra_driver.plugin.backend import DeviceBackend, ParallelClaims, PreparedLookup
+from dra_driver.plugin.claimbook import ClaimEvents
+from dra_driver.plugin.claims import (
+    ClaimError,
+    ClaimRef,
+    PreparedDevice,
+    claim_from_object,
+    validate_ref,
+)
 from dra_driver.plugin.sockets import FileLock
 
 ClaimGetter = Callable[[str, str], "dict[str, Any] | None"]
@@ -55,6 +67,10 @@ class ClaimOutcome:
     """Prepared devices with base request names (prepare only)."""
     error: str = ""
     """Non-empty: this claim failed; the kubelet retries it."""
+
+
+class BackendNotReady(DriverError):
+    """No backend yet (the plugin serves before its backend is built)."""
 
 
 def _base_names(device: PreparedDevice) -> PreparedDevice:
@@ -72,31 +88,58 @@ class ClaimService:
         *,
         driver_name: str,
         pool_name: str,
-        backend: DeviceBackend,
+        backend: DeviceBackend | None,
         get_claim: ClaimGetter,
         logger: logging.Logger,
         lock_file: FileLock | None = None,
         parallel: bool | None = None,
         max_workers: int = 16,
         events: ClaimEvents | None = None,
+        waiting_for: str = "the backend",
+        wait_s: float = 40.0,
     ) -> None:
         """``lock_file`` (rolling-update mode) is used only for backends that run one
         claim at a time; ``parallel=False`` forces that mode for any backend. ``events``
-        hears every outcome (metrics, claim status, the prepared-claim book)."""
+        hears every outcome (metrics, claim status, the prepared-claim book).
+
+        ``backend`` None: given later (:meth:`attach`); until then a claim waits up to
+        ``wait_s`` (below the kubelet's 45 s) and fails naming ``waiting_for``."""
         self._events = events
         self._driver = driver_name
         self._pool = pool_name
-        self._backend = backend
+        self._backend: DeviceBackend | None = None
+        self._attached = threading.Event()
+        self._waiting_for = waiting_for
+        self._wait_s = wait_s
         self._get_claim = get_claim
         self._log = logger
-        if parallel is None:
-            parallel = isinstance(backend, ParallelClaims) and backend.supports_parallel_claims
-        self._parallel = parallel
-        self._file_lock = None if parallel else lock_file
+        self._parallel_setting = parallel
+        self._lock_file = lock_file
+        self._parallel = False
+        self._file_lock: FileLock | None = None
         self._serial = threading.Lock()
         self._claims_lock = threading.Lock()
         self._claim_locks: dict[str, tuple[threading.Lock, int]] = {}
         self._workers = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="claim")
+        if backend is not None:
+            self.attach(backend)
+
+    def attach(self, backend: DeviceBackend) -> None:
+        """The backend, once; claims waiting for it go on."""
+        parallel = self._parallel_setting
+        if parallel is None:
+            parallel = isinstance(backend, ParallelClaims) and backend.supports_parallel_claims
+        self._parallel = parallel
+        self._file_lock = None if parallel else self._lock_file
+        self._backend = backend
+        self._attached.set()
+
+    def _ready(self) -> DeviceBackend:
+        if not self._attached.wait(self._wait_s) or self._backend is None:
+            raise BackendNotReady(
+                f"the plugin is still starting ({self._waiting_for}) after {self._wait_s:g}s"
+            )
+        return self._backend
 
     def close(self) -> None:
         self._workers.shutdown(wait=True)
@@ -144,7 +187,8 @@ class ClaimService:
         obj: dict[str, Any] | None = None
         try:
             validate_ref(ref)
-            devices = self._already_prepared(ref)
+            backend = self._ready()
+            devices = self._already_prepared(backend, ref)
             if devices is None:
                 try:
                     obj = self._get_claim(ref.namespace, ref.name)
@@ -156,7 +200,7 @@ class ClaimService:
                     raise ClaimError(f"claim {ref} not found")
                 claim = claim_from_object(obj, ref, driver=self._driver, pool=self._pool)
                 with self._ordered(ref.uid):
-                    devices = self._backend.prepare(claim)
+                    devices = backend.prepare(claim)
         except DriverError as exc:
             log.warning("prepare failed: %s", exc)
             self._failed("prepare", ref, exc, started)
@@ -175,13 +219,15 @@ class ClaimService:
             self._events.prepared(ref, obj, outcome.devices, elapsed)
         return outcome
 
-    def _already_prepared(self, ref: ClaimRef) -> list[PreparedDevice] | None:
+    def _already_prepared(
+        self, backend: DeviceBackend, ref: ClaimRef
+    ) -> list[PreparedDevice] | None:
         """The backend's recorded result for a claim it has prepared: every further pod of
         a shared claim is answered without the API server (also while it is down)."""
-        if not isinstance(self._backend, PreparedLookup):
+        if not isinstance(backend, PreparedLookup):
             return None
         with self._ordered(ref.uid):
-            return self._backend.prepared_devices(ref)
+            return backend.prepared_devices(ref)
 
     def _failed(self, operation: str, ref: ClaimRef, exc: BaseException, started: float) -> None:
         if self._events is not None:
@@ -192,8 +238,9 @@ class ClaimService:
         started = time.perf_counter()
         try:
             validate_ref(ref)
+            backend = self._ready()
             with self._ordered(ref.uid):
-                self._backend.unprepare(ref)
+                backend.unprepare(ref)
         except DriverError as exc:
             log.warning("unprepare failed: %s", exc)
             self._failed("unprepare", ref, exc, started)
@@ -206,3 +253,63 @@ class ClaimService:
         if self._events is not None:
             self._events.unprepared(ref, time.perf_counter() - started)
         return ClaimOutcome()
+
+
+# -- the gRPC edge ----------------------------------------------------------------
+
+
+def _refs(request: Any) -> list[ClaimRef]:
+    return [ClaimRef(namespace=c.namespace, name=c.name, uid=c.uid) for c in request.claims]
+
+
+def _prepare_response(pb: ModuleType, outcomes: dict[str, ClaimOutcome], share_ids: bool) -> Any:
+    response = pb.NodePrepareResourcesResponse()
+    for uid, outcome in outcomes.items():
+        entry = response.claims[uid]
+        if outcome.error:
+            entry.error = outcome.error
+            continue
+        for d in outcome.devices:
+            device = entry.devices.add(
+                request_names=list(d.request_names),
+                pool_name=d.pool_name,
+                device_name=d.device_name,
+                cdi_device_ids=list(d.cdi_device_ids),
+            )
+            if share_ids and d.share_id is not None:
+                device.share_id = d.share_id
+    return response
+
+
+def _unprepare_response(pb: ModuleType, outcomes: dict[str, ClaimOutcome]) -> Any:
+    response = pb.NodeUnprepareResourcesResponse()
+    for uid, outcome in outcomes.items():
+        response.claims[uid].error = outcome.error
+    return response
+
+
+class DRAPluginV1(dra_v1_pb2_grpc.DRAPluginServicer):  # type: ignore[misc]
+    def __init__(self, service: ClaimService) -> None:
+        self._service = service
+
+    def NodePrepareResources(self, request: Any, context: Any) -> Any:
+        return _prepare_response(dra_v1_pb2, self._service.prepare(_refs(request)), True)
+
+    def NodeUnprepareResources(self, request: Any, context: Any) -> Any:
+        return _unprepare_response(dra_v1_pb2, self._service.unprepare(_refs(request)))
+
+
+class DRAPluginV1beta1(dra_v1beta1_pb2_grpc.DRAPluginServicer):  # type: ignore[misc]
+    def __init__(self, service: ClaimService) -> None:
+        self._service = service
+
+    def NodePrepareResources(self, request: Any, context: Any) -> Any:
+        return _prepare_response(dra_v1beta1_pb2, self._service.prepare(_refs(request)), False)
+
+    def NodeUnprepareResources(self, request: Any, context: Any) -> Any:
+        return _unprepare_response(dra_v1beta1_pb2, self._service.unprepare(_refs(request)))
+
+
+def add_node_services(server: Any, service: ClaimService) -> None:
+    dra_v1_pb2_grpc.add_DRAPluginServicer_to_server(DRAPluginV1(service), server)
+    dra_v1beta1_pb2_grpc.add_DRAPluginServicer_to_server(DRAPluginV1beta1(service), server)

@@ -131,11 +131,11 @@ def test_consumable_gpus_reach_the_plugin_through_its_env(
         (container,) = daemonset(render(helm, *args))["spec"]["template"]["spec"]["containers"]
         return {e["name"]: e.get("value", "") for e in container["env"]}
 
-    from dra_driver.cli import _load_commands, build_parser
+    from dra_driver.cli import build_parser
 
     assert env()["DRA_CONSUMABLE_GPUS"] == "none"
     value = env("--set-string", "consumableGpus=NVIDIA L4")["DRA_CONSUMABLE_GPUS"]
-    parser = build_parser(_load_commands(), environ={"DRA_CONSUMABLE_GPUS": value})
+    parser = build_parser(environ={"DRA_CONSUMABLE_GPUS": value})
     args = parser.parse_args(["kubelet-plugin", "--node-name=n"])
     assert args.consumable_gpus == ConsumableGpus(names=frozenset({"NVIDIA L4"}))
 
@@ -144,14 +144,14 @@ def test_cdi_hook_values_reach_the_plugin_s_settings(helm: Path) -> None:
     """Default: the image's hook copied under the kubelet's plugins dir (mounted at the
     same path). An administrator's own (the toolkit's /usr/bin/nvidia-cdi-hook): its dir
     mounted read-only at /cdi-hook, never over the image's /usr/bin, and only checked."""
-    from dra_driver.cli import _load_commands, build_parser
+    from dra_driver.cli import build_parser
     from dra_driver.settings import daemon_settings
 
     def settings(*args: str) -> tuple[Any, dict[str, Any], dict[str, Any]]:
         pod = daemonset(render(helm, *args))["spec"]["template"]["spec"]
         (container,) = pod["containers"]
         env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
-        parser = build_parser(_load_commands(), environ={**env, "DRA_NODE_NAME": "n"})
+        parser = build_parser(environ={**env, "DRA_NODE_NAME": "n"})
         gpu = daemon_settings(parser.parse_args(container["args"])).gpu
         mounts = {m["name"]: m for m in container["volumeMounts"]}
         return gpu, mounts, {v["name"]: v for v in pod["volumes"]}
@@ -254,7 +254,7 @@ def test_api_server_rejects_a_broken_render(cluster: Cluster, helm: Path) -> Non
 def test_daemonset_args_are_accepted_by_the_real_command(helm: Path) -> None:
     """Every flag the chart passes exists in ``dra-driver kubelet-plugin``, with the
     values the chart means (parsed by the CLI's own parser)."""
-    from dra_driver.cli import _load_commands, build_parser
+    from dra_driver.cli import build_parser
 
     ds = daemonset(
         render(
@@ -263,7 +263,7 @@ def test_daemonset_args_are_accepted_by_the_real_command(helm: Path) -> None:
         )
     )  # fmt: skip
     (container,) = ds["spec"]["template"]["spec"]["containers"]
-    parser = build_parser(_load_commands())
+    parser = build_parser()
     args = parser.parse_args(["--log-format=json", *container["args"], "--node-name=n1"])
     assert args.command == "kubelet-plugin"
     assert str(args.kubelet_registry_dir) == "/k/plugins_registry"

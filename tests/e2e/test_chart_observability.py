@@ -25,12 +25,12 @@ def daemonset_pod(objs):
 
 def plugin_args(pod, monkeypatch) -> argparse.Namespace:
     """Parse the container's args with its env, exactly as the plugin would."""
-    from dra_driver.cli import _load_commands, build_parser
+    from dra_driver.cli import build_parser
 
     (container,) = pod["containers"]
     env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
     env["DRA_NODE_NAME"] = "n"  # the downward API's value
-    return build_parser(_load_commands(), environ=env).parse_args(container["args"])
+    return build_parser(environ=env).parse_args(container["args"])
 
 
 def test_defaults_reach_the_plugin(helm: Path, monkeypatch) -> None:

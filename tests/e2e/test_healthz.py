@@ -14,10 +14,10 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.parser import text_string_to_metric_families
 
-from dra_driver.plugin.app import Readiness
 from dra_driver.plugin.healthz import HealthServer
 from dra_driver.plugin.metrics import exposition
 from dra_driver.plugin.publishing import PublishStatus
+from dra_driver.plugin.settings import Readiness
 
 
 class Switch:

@@ -21,8 +21,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
-from dra_driver.plugin.backend import DeviceHealth, PreparedDevice, PrepareError
-from dra_driver.plugin.claims import Claim, ClaimRef
+from dra_driver.plugin.backend import DeviceHealth
+from dra_driver.plugin.claims import Claim, ClaimRef, PreparedDevice, PrepareError
 from dra_driver.plugin.kubeclient import KubeClient
 from dra_driver.plugin.resources import CounterSet, Device, Pool
 

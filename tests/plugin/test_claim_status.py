@@ -8,9 +8,8 @@ import logging
 import time
 from collections.abc import Sequence
 
-from dra_driver.plugin.backend import PreparedDevice
 from dra_driver.plugin.claimbook import ClaimKeeper
-from dra_driver.plugin.claims import ClaimRef
+from dra_driver.plugin.claims import ClaimRef, PreparedDevice
 from dra_driver.plugin.claimstatus import ClaimStatusWriter, Condition, DeviceStatus
 from dra_driver.plugin.kubeclient import KubeApiError
 
@@ -144,9 +143,8 @@ def test_a_status_the_api_server_refuses_is_not_sent_again_until_it_changes(capl
 
 def test_error_reasons_are_the_most_specific_known_cause() -> None:
     from dra_driver.errors import DriverError
-    from dra_driver.plugin.backend import PrepareError
-    from dra_driver.plugin.claimevents import reason_of
-    from dra_driver.plugin.claims import ClaimError
+    from dra_driver.plugin.claimbook import reason_of
+    from dra_driver.plugin.claims import ClaimError, PrepareError
 
     class ConfigError(DriverError):  # the GPU layer's class, matched by name
         pass

@@ -30,7 +30,7 @@ def test_unprepares_claims_that_are_gone_or_recreated(api: FakeApiServer) -> Non
         logger=log,
     )
     cleaner = StaleClaimCleaner(
-        backend=backend,
+        prepared=backend.prepared_claims,
         get_claim=client.get_resource_claim,
         service=service,
         interval_s=600,

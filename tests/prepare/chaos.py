@@ -37,9 +37,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from dra_driver.gpu import cdi, sharing
-from dra_driver.plugin.backend import PrepareError
-from dra_driver.plugin.claims import Claim
+from dra_driver.gpu import files, sharing
+from dra_driver.plugin.claims import Claim, PrepareError
 from tests.prepare.hosttree import (
     ENFORCING_VERSION,
     claim,
@@ -157,7 +156,7 @@ def _install_hooks(killer: _Killer) -> None:
     """Kill points inside tool runs and atomic writes (test-only patches of the modules'
     own references, so the production code runs unchanged)."""
     real_run = subprocess.run
-    real_exchange = cdi._exchange
+    real_exchange = files._exchange
 
     def run(argv: Any, **kw: Any) -> Any:
         if killer.due("tool-before"):
@@ -178,7 +177,7 @@ def _install_hooks(killer: _Killer) -> None:
         return real_exchange(tmp, target)
 
     sharing.subprocess = _Subprocess(run)  # type: ignore[assignment]
-    cdi._exchange = exchange  # type: ignore[assignment]
+    files._exchange = exchange  # type: ignore[assignment]
 
 
 class _Subprocess:

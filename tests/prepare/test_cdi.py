@@ -13,7 +13,7 @@ import pytest
 
 from dra_driver.gpu import cdi
 from dra_driver.gpu.cdi import CdiDevice, CdiError, ContainerEdits, DeviceNode, Mount, Spec
-from dra_driver.plugin.backend import PrepareError
+from dra_driver.plugin.claims import PrepareError
 from tests.prepare.hosttree import Node, claim
 
 SCHEMA = json.loads((Path(__file__).parents[2] / "cdi" / "schema.json").read_text())

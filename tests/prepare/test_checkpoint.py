@@ -19,8 +19,7 @@ from dra_driver.gpu.mpsdaemons import MpsDaemons
 from dra_driver.gpu.sharing import GpuCommands
 from dra_driver.gpu.statefile import CheckpointStore
 from dra_driver.gpu.strategies.base import Unit
-from dra_driver.plugin.backend import PrepareError
-from dra_driver.plugin.claims import ClaimRef
+from dra_driver.plugin.claims import ClaimRef, PrepareError
 from tests.prepare.hosttree import Node, claim
 
 UID = "0a1b2c3d-0000-4000-8000-000000000001"

@@ -6,7 +6,7 @@ import pytest
 
 from dra_driver.gpu import config
 from dra_driver.gpu.config import ConfigError, Sharing, parse_quantity
-from dra_driver.gpu.strategies import DECODERS
+from dra_driver.gpu.strategies.builtin import DECODERS
 from dra_driver.gpu.strategies.mps import Mps
 from dra_driver.gpu.strategies.timeslicing import TimeSlicing
 from tests.prepare.hosttree import claim, gpu_config

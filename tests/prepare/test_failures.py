@@ -19,10 +19,9 @@ from dra_driver.gpu.cdi import ContainerEdits
 from dra_driver.gpu.config import DeviceConfig, SharingDecoder
 from dra_driver.gpu.mpsdaemons import MpsDaemons
 from dra_driver.gpu.sharing import GpuCommands
-from dra_driver.gpu.strategies import Strategies, builtin
-from dra_driver.gpu.strategies.base import Steps, Target, Unit
-from dra_driver.plugin.backend import PrepareError
-from dra_driver.plugin.claims import ClaimRef
+from dra_driver.gpu.strategies.base import Steps, Strategies, Target, Unit
+from dra_driver.gpu.strategies.builtin import builtin
+from dra_driver.plugin.claims import ClaimRef, PrepareError
 from tests.prepare.hosttree import Node, claim, gpu_config
 
 UID = "0a1b2c3d-0000-4000-8000-000000000001"

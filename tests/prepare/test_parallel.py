@@ -19,8 +19,7 @@ from pathlib import Path
 import pytest
 
 from dra_driver.gpu.emulation import gputools
-from dra_driver.plugin.backend import PrepareError
-from dra_driver.plugin.claims import Claim, ClaimRef
+from dra_driver.plugin.claims import Claim, ClaimRef, PrepareError
 from tests.prepare.hosttree import Node, claim, gpu_config, make_node
 
 REPO = Path(__file__).parents[2]

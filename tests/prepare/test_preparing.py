@@ -15,8 +15,7 @@ import pytest
 from dra_driver.gpu.mpsdaemons import MpsDaemons, mps_id
 from dra_driver.gpu.sharing import GpuCommands, GpuTools
 from dra_driver.gpu.statefile import FILE_NAME
-from dra_driver.plugin.backend import PrepareError
-from dra_driver.plugin.claims import ClaimRef
+from dra_driver.plugin.claims import ClaimRef, PrepareError
 from tests.prepare.hosttree import MIG_CAPS, Node, claim, gpu_config, make_node
 
 UID = "0a1b2c3d-0000-4000-8000-000000000001"

@@ -11,8 +11,7 @@ from typing import Any
 
 import pytest
 
-from dra_driver.plugin.backend import PrepareError
-from dra_driver.plugin.claims import AllocatedDevice, Claim, ClaimRef
+from dra_driver.plugin.claims import AllocatedDevice, Claim, ClaimRef, PrepareError
 from tests.prepare.crash_shares import daemons_by_dir, gpu_modes
 from tests.prepare.hosttree import ENFORCING_VERSION, Node, gpu_config, share_claim
 

@@ -26,12 +26,11 @@ from dra_driver.gpu.config import DeviceConfig, SharingDecoder
 from dra_driver.gpu.mpsdaemons import MpsDaemons
 from dra_driver.gpu.naming import gpu_name_of
 from dra_driver.gpu.sharing import GpuCommands
-from dra_driver.gpu.strategies import Strategies, builtin
-from dra_driver.gpu.strategies.base import Steps, Target, Unit
+from dra_driver.gpu.strategies.base import Steps, Strategies, Target, Unit
+from dra_driver.gpu.strategies.builtin import builtin
 from dra_driver.gpu.strategies.mpsshares import MpsSharesStrategy
 from dra_driver.gpu.strategies.timeslicedshares import TimeSlicedSharesStrategy
-from dra_driver.plugin.backend import PrepareError
-from dra_driver.plugin.claims import AllocatedDevice, Claim, ClaimRef
+from dra_driver.plugin.claims import AllocatedDevice, Claim, ClaimRef, PrepareError
 from tests.prepare.hosttree import Node
 
 UIDS = [f"5a5a5a5a-0000-4000-8000-00000000000{i}" for i in range(4)]

@@ -22,8 +22,7 @@ from dra_driver.gpu.inventory import Inventory
 from dra_driver.gpu.preparing import ClaimPreparer
 from dra_driver.gpu.shares import can_enforce
 from dra_driver.gpu.sharing import GpuTools
-from dra_driver.plugin.backend import PrepareError
-from dra_driver.plugin.claims import ClaimRef
+from dra_driver.plugin.claims import ClaimRef, PrepareError
 from tests.prepare.hosttree import share_claim
 from tests.realgpu.realhost import (
     Client,

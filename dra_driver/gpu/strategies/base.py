@@ -29,6 +29,12 @@ Devices created at prepare (dynamic MIG's partitions) use two more optional
 abilities: :class:`DeviceCatalog` names them for planning, and
 :class:`Materializes` hands the CDI spec the device that ``apply`` created.
 
+Which strategies are asked: a strategy may declare, as class attributes,
+``selects`` (the ``sharing.strategy`` values it acts on, None for a device
+without a sharing config) and ``shares_only`` (True: only targets with a share
+ID); :meth:`Strategies.asked` then leaves it out of every other target's
+question. A strategy that declares neither is asked about every target.
+
 Per-node state shared by several claims (one MPS control daemon serving the
 shares of many claims on a GPU, say) is the optional :class:`SharedResources`
 ability: a unit names shared keys, the pipeline records each key before
@@ -38,14 +44,29 @@ releases it when the last claim using it is gone.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from dra_driver.gpu.cdi import ContainerEdits
 from dra_driver.gpu.config import DeviceConfig, DeviceType, SharingDecoder
 from dra_driver.gpu.inventory import Gpu, Inventory, MigInstance
 from dra_driver.gpu.partitions import MigPartition
+
+if TYPE_CHECKING:
+    from dra_driver.gpu.mpsdaemons import MpsDaemons
+    from dra_driver.gpu.sharing import GpuCommands
+
+
+@dataclass(frozen=True)
+class NodeTools:
+    """What the built-in strategies are built from (each takes it as its one argument)."""
+
+    commands: GpuCommands
+    daemons: MpsDaemons
+    inventory: Callable[[], Inventory]
+    """The current discovery (share strategies map GPU names to UUIDs and read the
+    driver version)."""
 
 
 @dataclass(frozen=True)
@@ -196,9 +217,25 @@ class Strategies:
         # Once: isinstance against a runtime-checkable protocol inspects the class each
         # time (5 % of a prepare's CPU when it ran per claim).
         self._catalogs = tuple((s.name, s) for s in self._all if isinstance(s, DeviceCatalog))
+        self._asked: dict[tuple[str | None, bool], tuple[SharingStrategy, ...]] = {}
 
     def __iter__(self) -> Any:
         return iter(self._all)
+
+    def asked(self, sharing: str | None, shared: bool) -> tuple[SharingStrategy, ...]:
+        """The strategies that may want a target whose config names ``sharing`` (None: no
+        sharing config) and that has a share ID (``shared``), in apply order: those whose
+        ``selects`` and ``shares_only`` allow it, and every one that declares neither."""
+        key = (sharing, shared)
+        found = self._asked.get(key)
+        if found is None:
+            found = self._asked[key] = tuple(
+                s
+                for s in self._all
+                if sharing in getattr(s, "selects", (sharing,))
+                and (shared or not getattr(s, "shares_only", False))
+            )
+        return found
 
     def get(self, name: str) -> SharingStrategy | None:
         return self._by_name.get(name)

@@ -16,15 +16,19 @@ from collections.abc import Sequence
 from dra_driver.gpu.cdi import ContainerEdits
 from dra_driver.gpu.config import DeviceConfig, SharingDecoder
 from dra_driver.gpu.shares import is_fractional
-from dra_driver.gpu.strategies.base import Steps, Target, Unit
+from dra_driver.gpu.strategies.base import NodeTools, Steps, Target, Unit
 
 
 class ExclusiveStrategy:
     name = "Exclusive"
     config: SharingDecoder | None = None
+    selects = frozenset({None})
+
+    def __init__(self, node: NodeTools) -> None:
+        pass
 
     def wants(self, target: Target, config: DeviceConfig) -> bool:
-        return config.sharing is None and not is_fractional(target)
+        return config.sharing is None and (target.share_id is None or not is_fractional(target))
 
     def plan(self, claim_uid: str, targets: Sequence[Target], config: DeviceConfig) -> list[Unit]:
         return []

@@ -39,7 +39,7 @@ from dra_driver.gpu.inventory import Gpu, MigInstance
 from dra_driver.gpu.mpsdaemons import MpsDaemons, mps_id, recorded_id
 from dra_driver.gpu.shares import is_fractional
 from dra_driver.gpu.sharing import GpuCommands
-from dra_driver.gpu.strategies.base import Steps, Target, Unit
+from dra_driver.gpu.strategies.base import NodeTools, Steps, Target, Unit
 
 NAME = "MPS"
 
@@ -137,9 +137,11 @@ class MpsStrategy:
     name = NAME
     config = MpsDecoder()
 
-    def __init__(self, commands: GpuCommands, daemons: MpsDaemons) -> None:
-        self._commands = commands
-        self._daemons = daemons
+    selects = frozenset({NAME})
+
+    def __init__(self, node: NodeTools) -> None:
+        self._commands: GpuCommands = node.commands
+        self._daemons: MpsDaemons = node.daemons
 
     def wants(self, target: Target, config: DeviceConfig) -> bool:
         """Whole GPUs and MIG devices; a fractional share is

@@ -58,7 +58,7 @@ from dra_driver.gpu.shares import (
     share_of,
 )
 from dra_driver.gpu.sharing import GpuCommands, ToolError
-from dra_driver.gpu.strategies.base import Steps, Target, Unit
+from dra_driver.gpu.strategies.base import NodeTools, Steps, Target, Unit
 from dra_driver.gpu.strategies.mps import NAME as MPS
 from dra_driver.gpu.strategies.mps import Mps
 
@@ -71,12 +71,13 @@ class MpsSharesStrategy:
     name = NAME
     config = None
 
-    def __init__(
-        self, commands: GpuCommands, daemons: MpsDaemons, inventory: Callable[[], Inventory]
-    ) -> None:
-        self._commands = commands
-        self._daemons = daemons
-        self._inventory = inventory
+    selects = frozenset({None, MPS})
+    shares_only = True
+
+    def __init__(self, node: NodeTools) -> None:
+        self._commands: GpuCommands = node.commands
+        self._daemons: MpsDaemons = node.daemons
+        self._inventory: Callable[[], Inventory] = node.inventory
 
     def wants(self, target: Target, config: DeviceConfig) -> bool:
         sharing = config.sharing

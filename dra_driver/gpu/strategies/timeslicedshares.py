@@ -27,7 +27,7 @@ from dra_driver.gpu.inventory import Gpu, Inventory
 from dra_driver.gpu.naming import devices_by_name, gpu_name_of
 from dra_driver.gpu.shares import ShareError, is_fractional, share_of
 from dra_driver.gpu.sharing import GpuCommands, ToolError
-from dra_driver.gpu.strategies.base import Steps, Target, Unit
+from dra_driver.gpu.strategies.base import NodeTools, Steps, Target, Unit
 from dra_driver.gpu.strategies.mpsshares import SHARED
 from dra_driver.gpu.strategies.timeslicing import NAME as TIME_SLICING
 from dra_driver.gpu.strategies.timeslicing import TimeSlicing
@@ -39,9 +39,12 @@ class TimeSlicedSharesStrategy:
     name = NAME
     config = None
 
-    def __init__(self, commands: GpuCommands, inventory: Callable[[], Inventory]) -> None:
-        self._commands = commands
-        self._inventory = inventory
+    selects = frozenset({TIME_SLICING})
+    shares_only = True
+
+    def __init__(self, node: NodeTools) -> None:
+        self._commands: GpuCommands = node.commands
+        self._inventory: Callable[[], Inventory] = node.inventory
 
     def wants(self, target: Target, config: DeviceConfig) -> bool:
         sharing = config.sharing

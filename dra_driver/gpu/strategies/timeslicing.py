@@ -21,7 +21,7 @@ from dra_driver.gpu.cdi import ContainerEdits
 from dra_driver.gpu.config import GPU_CONFIG, DeviceConfig, enum, obj
 from dra_driver.gpu.shares import is_fractional
 from dra_driver.gpu.sharing import GpuCommands
-from dra_driver.gpu.strategies.base import Steps, Target, Unit
+from dra_driver.gpu.strategies.base import NodeTools, Steps, Target, Unit
 
 NAME = "TimeSlicing"
 INTERVALS = {"Default": 0, "Short": 1, "Medium": 2, "Long": 3}
@@ -49,8 +49,10 @@ class TimeSlicingStrategy:
     name = NAME
     config = TimeSlicingDecoder()
 
-    def __init__(self, commands: GpuCommands) -> None:
-        self._commands = commands
+    selects = frozenset({NAME})
+
+    def __init__(self, node: NodeTools) -> None:
+        self._commands: GpuCommands = node.commands
 
     def wants(self, target: Target, config: DeviceConfig) -> bool:
         """Whole GPUs (a share of all of a consumable GPU included); a fractional share is

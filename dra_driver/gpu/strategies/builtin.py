@@ -1,0 +1,54 @@
+"""The built-in sharing strategies, registered in apply order (undo runs in reverse).
+
+Exclusive (no config), TimeSlicing, MPS (whole GPUs and MIG devices), MpsShares
+and TimeSlicedShares (fractional shares of consumable GPUs); first of all
+DynamicMIG when the node creates MIG instances at prepare. A new strategy is one
+module in this package, implementing :class:`~.base.SharingStrategy` with a
+constructor that takes :class:`~.base.NodeTools`, and one line in
+:data:`BUILTIN`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from dra_driver.gpu.config import SharingDecoder
+from dra_driver.gpu.inventory import Inventory
+from dra_driver.gpu.miginstances import MigInstances
+from dra_driver.gpu.mpsdaemons import MpsDaemons
+from dra_driver.gpu.sharing import GpuCommands
+from dra_driver.gpu.strategies.base import NodeTools, SharingStrategy, Strategies
+from dra_driver.gpu.strategies.dynamicmig import DynamicMigStrategy
+from dra_driver.gpu.strategies.exclusive import ExclusiveStrategy
+from dra_driver.gpu.strategies.mps import MpsStrategy
+from dra_driver.gpu.strategies.mpsshares import MpsSharesStrategy
+from dra_driver.gpu.strategies.timeslicedshares import TimeSlicedSharesStrategy
+from dra_driver.gpu.strategies.timeslicing import TimeSlicingStrategy
+
+BUILTIN = (
+    ExclusiveStrategy,
+    TimeSlicingStrategy,
+    MpsStrategy,
+    MpsSharesStrategy,
+    TimeSlicedSharesStrategy,
+)
+"""The strategy classes, in apply order; each is built with the node's :class:`NodeTools`."""
+
+DECODERS: dict[str, SharingDecoder] = {
+    cls.name: cls.config for cls in BUILTIN if cls.config is not None
+}
+"""Settings decoders of the built-in strategies (stateless), for decoding configs alone."""
+
+
+def builtin(
+    commands: GpuCommands,
+    daemons: MpsDaemons,
+    inventory: Callable[[], Inventory],
+    mig: MigInstances | None = None,
+) -> Strategies:
+    """``inventory``: the current discovery. With ``mig`` (``--mig-mode dynamic``) dynamic
+    MIG comes first: its instances exist before anything else could act on them, and are
+    destroyed last."""
+    node = NodeTools(commands=commands, daemons=daemons, inventory=inventory)
+    dynamic: list[SharingStrategy] = [DynamicMigStrategy(mig)] if mig is not None else []
+    return Strategies([*dynamic, *(cls(node) for cls in BUILTIN)])
