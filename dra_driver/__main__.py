@@ -1,5 +1,5 @@
 """Allow ``python -m dra_driver``."""
 
-from dra_driver.cli import main
+from dra_driver.cli import entry
 
-raise SystemExit(main())
+entry()

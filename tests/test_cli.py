@@ -286,3 +286,24 @@ def test_the_kubelet_plugin_command_loads_no_other_command(argv: list[str]) -> N
         "dra_driver.commands.discover", "dra_driver.commands.kubelet_plugin",
         "dra_driver.commands.observability", "dra_driver.commands.slices",
     ]  # fmt: skip
+
+
+@pytest.mark.parametrize(("command", "finalized"), [("kubelet-plugin", False), ("slices", True)])
+def test_only_the_kubelet_plugin_skips_interpreter_finalization(
+    command: str, finalized: bool
+) -> None:
+    """The plugin's process ends once its command returns (finalizing the interpreter
+    freed the kubernetes client's models for over a second after SIGTERM); other commands
+    exit normally, so their atexit handlers run."""
+    script = (
+        "import atexit, sys\n"
+        "atexit.register(lambda: print('finalized', flush=True))\n"
+        f"sys.argv = ['dra-driver', {command!r}, '--node-name=n', '--emulate=no-such-profile']\n"
+        "from dra_driver.cli import entry\n"
+        "entry()\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=60, check=False)  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    assert "no-such-profile" in done.stderr
+    assert ("finalized" in done.stdout) is finalized

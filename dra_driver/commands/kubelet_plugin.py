@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import sys
 from pathlib import Path
 
 from dra_driver.commands import observability
@@ -197,12 +196,4 @@ def run(args: argparse.Namespace) -> int:
     from dra_driver import daemon
     from dra_driver.settings import daemon_settings
 
-    code = daemon.run(daemon_settings(args), environ=os.environ)
-    # Everything is stopped and closed by now; the interpreter's own finalization would
-    # only free memory, and freeing the kubernetes client's thousands of model classes
-    # took 1.1-1.3 s of a 1.3-1.7 s SIGTERM-to-exit (2026-11-27). The kubelet waits
-    # for that exit in a rolling update, so the process ends here.
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    return daemon.run(daemon_settings(args), environ=os.environ)

@@ -197,8 +197,7 @@ def assemble_rootfs(repo: Path, work: Path, python: str = sys.executable) -> Pat
     shutil.copy2(repo / "deploy/image/entrypoint.sh", local_bin / "dra-driver-entrypoint")
     (local_bin / "dra-driver-entrypoint").chmod(0o755)
     script = local_bin / "dra-driver"
-    script.write_text("#!/usr/bin/python3.11\nimport sys\nfrom dra_driver.cli import main\n"
-                      "sys.exit(main())\n")  # fmt: skip
+    script.write_text("#!/usr/bin/python3.11\nfrom dra_driver.cli import entry\n\nentry()\n")
     script.chmod(0o755)
     for link, target in (("usr/bin/python3", "python3.11"), ("bin/sh", "dash")):
         path = rootfs / link
