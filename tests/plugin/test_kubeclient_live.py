@@ -42,8 +42,9 @@ def kubeconfig(path: Path, cluster: Cluster, user: dict[str, object]) -> Path:
     return path
 
 
-def connections_to(port: int) -> int:
-    """This process's established TCP connections to ``port`` (the kernel's view)."""
+def connections_to(port: int) -> set[str]:
+    """This process's established TCP connections to ``port`` (the kernel's view), by
+    socket inode."""
     inodes = set()
     for fd in os.listdir("/proc/self/fd"):
         try:
@@ -52,19 +53,21 @@ def connections_to(port: int) -> int:
             continue
         if link.startswith("socket:["):
             inodes.add(link[len("socket:[") : -1])
-    count = 0
+    found = set()
     for table in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
         for line in Path(table).read_text().splitlines()[1:]:
             f = line.split()
             remote_port = int(f[2].rsplit(":", 1)[1], 16)
-            count += f[3] == "01" and remote_port == port and f[9] in inodes
-    return count
+            if f[3] == "01" and remote_port == port and f[9] in inodes:
+                found.add(f[9])
+    return found
 
 
 def test_a_burst_of_gets_keeps_its_connections_for_the_next(cluster: Cluster) -> None:
     """16 GETs at once, as 16 gRPC workers preparing claims do: the pool (sized for the
-    workers) keeps the connections it opened, so the next burst opens none; closing the
-    client closes them all."""
+    workers) keeps the connections it opened, so the next burst reuses every one of them
+    (it may add some when its GETs overlap more than the first's did); closing the client
+    closes them all."""
     port = urlsplit(cluster.server).port or 443
     before = connections_to(port)
     client = KubeClient.from_kubeconfig(str(cluster.kubeconfig), pool_size=20)
@@ -72,17 +75,19 @@ def test_a_burst_of_gets_keeps_its_connections_for_the_next(cluster: Cluster) ->
     with ThreadPoolExecutor(16) as ex:
         names = list(ex.map(lambda _: client.request("GET", path)["metadata"]["name"], range(16)))
     assert names == ["default"] * 16
-    opened = connections_to(port) - before
-    assert 1 <= opened <= 16
+    first = connections_to(port) - before
+    assert 1 <= len(first) <= 16
     with ThreadPoolExecutor(16) as ex:
         list(ex.map(lambda _: client.request("GET", path), range(16)))
-    assert connections_to(port) - before == opened  # reused, none re-made
+    second = connections_to(port) - before
+    assert first <= second  # kept: none closed and re-made
+    assert len(second) <= 16
     assert whoami(client) == "dra-driver-admin"  # a POST, through the same pool
     client.close()
     deadline = time.monotonic() + 5
-    while connections_to(port) > before and time.monotonic() < deadline:
+    while connections_to(port) - before and time.monotonic() < deadline:
         time.sleep(0.02)
-    assert connections_to(port) == before
+    assert not connections_to(port) - before
 
 
 def exec_plugin(tmp_path: Path, cluster: Cluster, expires_in_s: int) -> Path:
