@@ -155,7 +155,7 @@ def write_via_spare(target: Path, spare: Path, data: bytes, *, mode: int) -> Non
     write. Readers see the old or the new file, never a mix; a process killed
     mid-write leaves a torn spare, which is only ever overwritten. Creating an inode per
     write cost ext4 more than the rest of the write (it scans past recently deleted
-    inodes: 3.6 % of the plugin's CPU in a prepare burst, README "Benchmarks"). The
+    inodes: 3.6 % of the plugin's CPU in a prepare burst, docs/benchmarks.md). The
     spare is cut to the new length, never to zero first: ext4 flushes a file truncated
     to zero when it is closed (``auto_da_alloc``), as :func:`default_opener` notes. On
     an error the target is unchanged; the spare may hold anything.

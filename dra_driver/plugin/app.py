@@ -391,7 +391,7 @@ def start_every_thread(pool: ThreadPoolExecutor, count: int) -> None:
 
     A pool starts a thread per submit while none is idle, and gRPC submits from its one
     dispatch thread: the first burst of calls after a start paid for 15 thread starts
-    in its critical path (~0.7 ms of CPU per call, README "Benchmarks"). Threads stay
+    in its critical path (~0.7 ms of CPU per call, docs/benchmarks.md). Threads stay
     once started, so this takes at start the memory a plugin has after its first burst.
     """
     arrived = threading.Barrier(count)  # each task holds its thread until all started
