@@ -217,11 +217,11 @@ def partition_device(
     if part.whole_gpu:  # no nvlinkDomain: in MIG mode there is no NVLink peer-to-peer
         # Prepared as the full instance: its profile, memory and SMs are what a pod gets.
         device = gpu_device(gpu, inventory, numa_form)
-        attrs = {**device.attributes, "profile": part.profile.name}
+        named = {**device.attributes, "profile": part.profile.name}
         capacity = dict(device.capacity)
         capacity["memory"] = Capacity(quantity(part.profile.memory_bytes, binary=True))
         capacity["multiprocessors"] = Capacity(quantity(part.profile.multiprocessors))
-        return Device(name=part.name, attributes=attrs, capacity=capacity,
+        return Device(name=part.name, attributes=named, capacity=capacity,
                       consumes_counters=use)  # fmt: skip
     attrs: dict[str, AttributeValue] = {
         "type": "mig",
