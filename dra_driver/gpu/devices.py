@@ -34,7 +34,9 @@ Decisions:
   publishes nothing.
 * Dynamic MIG (``mig_mode="dynamic"``): a GPU in MIG mode publishes a counter
   set and every profile x placement that fits (:mod:`dra_driver.gpu.partitions`);
-  dynamic devices have no ``uuid`` until prepared.
+  dynamic devices have no ``uuid`` until prepared. The whole GPU (``gpu-<minor>``,
+  type ``gpu``, its own ``uuid``) adds ``profile``: it is prepared as that
+  full-GPU instance (``7g.80gb``), whose memory and SMs it publishes.
 * Degraded GPUs (an essential NVML/sysfs query failed, or the GPU is lost) are
   left out of the pool by default: the scheduler can never pick them, even on
   clusters without the DRADeviceTaints gate (where a taint would be silently
@@ -213,11 +215,13 @@ def partition_device(
         ),
     )
     if part.whole_gpu:  # no nvlinkDomain: in MIG mode there is no NVLink peer-to-peer
+        # Prepared as the full instance: its profile, memory and SMs are what a pod gets.
         device = gpu_device(gpu, inventory, numa_form)
+        named = {**device.attributes, "profile": part.profile.name}
         capacity = dict(device.capacity)
         capacity["memory"] = Capacity(quantity(part.profile.memory_bytes, binary=True))
         capacity["multiprocessors"] = Capacity(quantity(part.profile.multiprocessors))
-        return Device(name=part.name, attributes=device.attributes, capacity=capacity,
+        return Device(name=part.name, attributes=named, capacity=capacity,
                       consumes_counters=use)  # fmt: skip
     attrs: dict[str, AttributeValue] = {
         "type": "mig",

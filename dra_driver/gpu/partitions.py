@@ -22,8 +22,10 @@ Decisions:
 * The whole GPU is published too (``gpu-<minor>``, type ``gpu``), consuming
   every counter, so a full-GPU claim and MIG claims exclude each other. In MIG
   mode CUDA runs only inside a GPU instance, so it is prepared as the
-  instance that spans the whole GPU (``7g.80gb`` on an A100) and publishes
-  that instance's memory and multiprocessors: what the container really gets.
+  instance that spans the whole GPU (:func:`whole_gpu_profile`, from the GPU's
+  own profile list: ``7g.80gb`` on an A100 80GB) at placement 0 and publishes
+  that instance's ``profile``, memory and multiprocessors: what the container
+  really gets. A GPU with no such profile offers no whole GPU.
 * Placements are listed from the highest start down within a profile, and
   small profiles before large ones: first-fit then leaves the low placements
   the big profiles need (a 4g or 7g instance can only start at 0).

@@ -279,3 +279,30 @@ def test_a_mixed_node_runs_mig_and_whole_gpu_pods_side_by_side(
             node.delete_pod(ns, pod)
         wait_until(lambda: not state.gpu_instances(0), timeout=30, what="the H100 instance gone")
         wait_until(lambda: node.cdi_specs() == {}, timeout=30, what="every CDI spec removed")
+
+
+def test_a_whole_gpu_pod_gets_the_full_gpu_instance(
+    cluster: Cluster, cluster_namespace: str, dynamic_node: RealGpuNode
+) -> None:
+    """The whole A100 of a MIG-mode GPU, asked for by memory and profile: the real kubelet's
+    prepare creates the full-GPU instance (7g.80gb at 0), the container sees the GPU's node
+    and exactly that instance's two capabilities, and deleting the pod destroys it."""
+    ns, node = cluster_namespace, dynamic_node
+    cel = (
+        "device.capacity['gpu.nvidia.com'].memory.compareTo(quantity('79Gi')) >= 0 && "
+        "device.attributes['gpu.nvidia.com'].profile == '7g.80gb'"
+    )
+    cluster.apply(keep_running(pin_to_node(gpu_pod(ns, "whole", cel), node.name)))
+    run = node.run_pod(ns, "whole")
+    (got,) = results(get_claim(cluster, ns, "whole"))
+    minor = int(got["device"].removeprefix("gpu-"))  # the whole GPU, not a partition
+    assert list(instances(node).values()) == [[(0, "7g.80gb", 0, [0])]]
+    out = run.containers["main"]
+    assert out.returncode is None, out.stdout  # still running, claim prepared
+    assert gpu_device_nodes(out.stdout) == [f"/dev/nvidia{minor}"]
+    assert caps_seen(out.stdout) == sorted(
+        [f"nvidia-cap{gi_cap_minor(minor, 0)}", f"nvidia-cap{ci_cap_minor(minor, 0, 0)}"]
+    )
+    node.delete_pod(ns, "whole")
+    wait_instances(node, {})
+    wait_until(lambda: node.cdi_specs() == {}, timeout=30, what="the whole GPU's spec removed")

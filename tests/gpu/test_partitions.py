@@ -85,9 +85,11 @@ def test_dynamic_devices_carry_the_static_attributes_without_a_uuid(
     whole = dynamic["gpu-5"]
     assert whole.attributes == static["gpu-2"].attributes | {
         k: whole.attributes[k]
-        for k in ("uuid", "index", "minor", PCI_BUS_ID, PCIE_ROOT, "numaNode", STD_NUMA)
+        for k in ("uuid", "index", "minor", PCI_BUS_ID, PCIE_ROOT, "numaNode", STD_NUMA, "profile")
     }
     assert whole.attributes["type"] == "gpu" and whole.attributes["uuid"] == inventory.gpus[5].uuid
+    # It says what it is prepared as: the full-GPU instance, picked from NVML's profiles.
+    assert whole.attributes["profile"] == "7g.80gb"
     assert whole.capacity == {"memory": Capacity("79Gi"), "multiprocessors": Capacity("98")}
 
 

@@ -18,6 +18,7 @@ import pytest
 from dra_driver.gpu.discovery import discover
 from dra_driver.gpu.driver import GpuDriver
 from dra_driver.gpu.emulation.hosttree import ci_cap_minor, gi_cap_minor
+from dra_driver.gpu.partitions import whole_gpu_profile
 from dra_driver.gpu.sharing import GpuTools
 from dra_driver.plugin.claims import PrepareError
 from tests.prepare.hosttree import gpu_config
@@ -92,6 +93,43 @@ def test_whole_gpu_and_several_partitions(node: MigNode) -> None:
     preparer.unprepare(two.ref)
     preparer.unprepare(MIG_REF)
     assert node.instances(1) == [] and node.instances(5) == []
+
+
+def test_the_whole_gpu_is_prepared_as_the_full_gpu_instance(node: MigNode) -> None:
+    """In MIG mode CUDA runs only inside an instance: the whole GPU of a dynamic node is
+    the GPU's own all-spanning profile at placement 0, created, handed over and destroyed
+    like any other partition."""
+    (gpu,) = [g for g in node.inventory().gpus if g.minor == 5]
+    full = whole_gpu_profile(gpu)  # from NVML's profile list, not a name
+    assert full is not None and full.name == "7g.80gb"
+    preparer = node.preparer()
+    preparer.prepare(mig_claim("gpu-5"))
+    assert node.instances(5) == [(0, full.name, 0, [0])]  # exactly one GI with one CI
+    assert [node.instances(i) for i in range(8) if i != 5] == [[]] * 7
+    (unit,) = _checkpoint(node)["claims"][MIG_UID]["units"]
+    record = unit["record"]
+    assert unit["strategy"] == "DynamicMIG"
+    assert (record["request"]["profile_id"], record["request"]["start"]) == (full.gi_profile_id, 0)
+    assert (record["giId"], record["ciId"]) == (0, 0) and record["uuid"].startswith("MIG-")
+    (device,) = _spec(node)["devices"]
+    assert {n["path"] for n in device["containerEdits"]["deviceNodes"]} == {
+        "/dev/nvidia5",
+        f"/dev/nvidia-caps/nvidia-cap{gi_cap_minor(5, 0)}",
+        f"/dev/nvidia-caps/nvidia-cap{ci_cap_minor(5, 0, 0)}",
+    }
+    # The hardware agrees with the counters: no other placement fits beside it.
+    beside = mig_claim("gpu-5-mig-1g10gb-19-6", uid="0a1b2c3d-5555-4000-8000-0000000d1a90")
+    with pytest.raises(PrepareError, match="placement is taken"):
+        preparer.prepare(beside)
+    preparer.unprepare(MIG_REF)
+    assert node.instances(5) == [] and list(node.cdi_dir.iterdir()) == []
+    assert _checkpoint(node)["claims"] == {}
+    # And the other way round: a partition makes the full instance impossible.
+    preparer.prepare(beside)
+    with pytest.raises(PrepareError, match="placement is taken"):
+        preparer.prepare(mig_claim("gpu-5"))
+    preparer.unprepare(beside.ref)
+    assert node.instances(5) == []
 
 
 def test_a_failed_prepare_destroys_what_it_created(node: MigNode) -> None:
@@ -171,12 +209,19 @@ UNPREPARE_STEPS = [
 
 
 @pytest.mark.parametrize(
+    ("device", "made"),
+    [
+        ("gpu-7-mig-2g20gb-14-2", (4, "2g.20gb", 2, [0])),
+        ("gpu-7", (0, "7g.80gb", 0, [0])),  # the whole GPU: the full-GPU instance
+    ],
+    ids=["partition", "whole-gpu"],
+)
+@pytest.mark.parametrize(
     ("call", "steps"), [("prepare", PREPARE_STEPS), ("unprepare", UNPREPARE_STEPS)]
 )
 def test_sigkill_at_every_step_leaves_no_instance_after_restart(
-    tmp_path: Path, call: str, steps: list[str]
+    tmp_path: Path, call: str, steps: list[str], device: str, made: tuple[object, ...]
 ) -> None:
-    device = "gpu-7-mig-2g20gb-14-2"
     listed = _run(tmp_path / "names", call, device, 0)
     assert listed.returncode == 0, listed.stderr
     assert [s.split(":")[0] for s in listed.stdout.split()] == steps
@@ -192,14 +237,14 @@ def test_sigkill_at_every_step_leaves_no_instance_after_restart(
             if call == "prepare" and kill_at == len(steps):
                 # Killed after its spec was written (the last step): prepared, nothing to undo.
                 assert state[MIG_UID]["state"] == "Prepared", kill_at
-                assert node.instances(7) == [(4, "2g.20gb", 2, [0])]
+                assert node.instances(7) == [made]
                 preparer.unprepare(MIG_REF)
             assert node.instances(7) == [], (call, kill_at, steps[kill_at - 1])
             assert _checkpoint(node)["claims"] == {}, (call, kill_at)
             assert not node.cdi_dir.exists() or list(node.cdi_dir.iterdir()) == []
             # The placement is free again for the next claim.
             preparer.prepare(mig_claim(device))
-            assert node.instances(7) == [(4, "2g.20gb", 2, [0])]
+            assert node.instances(7) == [made]
         finally:
             node.close()
 
@@ -234,6 +279,12 @@ def test_driver_pool_stays_the_same_while_instances_come_and_go(tmp_path: Path) 
             assert node.instances(1) == [(1, "3g.40gb", 0, [0])]
             driver.unprepare(again.ref)
             assert driver.refresh() is False and driver.pool() == pool
+            whole = mig_claim("gpu-1", uid="0a1b2c3d-6666-4000-8000-0000000d1a90")
+            driver.prepare(whole)  # the full-GPU instance is ours too: the pool stays
+            assert node.instances(1) == [(0, "7g.80gb", 0, [0])]
+            assert driver.refresh() is False and driver.pool() == pool
+            driver.unprepare(whole.ref)
+            assert node.instances(1) == [] and driver.refresh() is False
             # An instance somebody else makes is worked around at the next discovery.
             gpu = node.node.profile.gpus[0]
             profile = gpu.model.mig_profile("1g.10gb")

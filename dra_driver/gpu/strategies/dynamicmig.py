@@ -23,6 +23,18 @@ the GI and CI capability nodes (:meth:`concrete` turns the partition into the
 instance for the CDI spec). Sharing configs (MPS, time-slicing) are refused on
 dynamic MIG devices: their settings need the MIG UUID at plan time, which
 exists only once the instance is created.
+
+The whole GPU (``gpu-<minor>``) is one of these partitions: the GPU's own
+profile that spans every memory and compute slice (NVML's ``7_SLICE`` class,
+``7g.80gb`` on an A100 80GB; found in the GPU's profile list by
+:func:`~dra_driver.gpu.partitions.whole_gpu_profile`, not by name) at
+placement 0. Decided so rather than leaving it unpublished, because with MIG
+mode on the driver runs no CUDA context outside a GPU instance: the bare
+``/dev/nvidia<minor>`` would give the pod a GPU it cannot compute on, while
+the full instance is as much of the GPU as MIG mode allows (NVIDIA reserves a
+few SMs and some memory for MIG, so it publishes the instance's ``memory`` and
+``multiprocessors``), and "the whole A100" is what users ask for. It is
+created, recorded, destroyed and recovered exactly as every other partition.
 """
 
 from __future__ import annotations
