@@ -37,8 +37,6 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-import yaml
-
 DRIVER = "gpu.nvidia.com"
 NODE = "node-a"
 UID = "0a0b0c0d-1111-4222-8333-000000000029"
@@ -170,19 +168,7 @@ def measure(work: Path) -> dict[str, Any]:
     with FakeApiServer() as api:
         api.add_node(NODE)
         api.add_claim(_claim())
-        kubeconfig = work / "kubeconfig"
-        kubeconfig.write_text(
-            yaml.safe_dump(
-                {
-                    "apiVersion": "v1",
-                    "kind": "Config",
-                    "current-context": "c",
-                    "clusters": [{"name": "c", "cluster": {"server": api.server}}],
-                    "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
-                    "users": [{"name": "u", "user": {"token": "t"}}],
-                }
-            )
-        )
+        kubeconfig = api.write_kubeconfig(work / "kubeconfig")
         for name in [k for k in os.environ if k.startswith("DRA_")]:
             del os.environ[name]
         port = free_port()

@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from dra_driver.devcluster import wait_until
 from tests.plugin.fakes import FakeApiServer
@@ -99,19 +98,7 @@ def start_daemon(api: FakeApiServer) -> Iterator[Any]:
 
     def start(*extra: str, profile: str = "l4-x4", state: str | None = None) -> Daemon:
         work = Path(tempfile.mkdtemp(prefix="dd-", dir="/tmp"))  # short: socket paths
-        kubeconfig = work / "kubeconfig"
-        kubeconfig.write_text(
-            yaml.safe_dump(
-                {
-                    "apiVersion": "v1",
-                    "kind": "Config",
-                    "current-context": "c",
-                    "clusters": [{"name": "c", "cluster": {"server": api.server}}],
-                    "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
-                    "users": [{"name": "u", "user": {"token": "t"}}],
-                }
-            )
-        )
+        kubeconfig = api.write_kubeconfig(work / "kubeconfig")
         if state is not None:
             (work / "state").mkdir(mode=0o700)
             (work / "state" / "checkpoint.json").write_text(state)

@@ -18,8 +18,11 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlparse
+
+import yaml
 
 from dra_driver.plugin.backend import DeviceHealth
 from dra_driver.plugin.claims import Claim, ClaimRef, PreparedDevice, PrepareError
@@ -258,6 +261,16 @@ class FakeApiServer:
         self._thread = threading.Thread(
             target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
         )
+
+    def write_kubeconfig(self, path: Path) -> Path:
+        """A kubeconfig for this server with a bearer token (the fake checks none)."""
+        path.write_text(yaml.safe_dump({
+            "apiVersion": "v1", "kind": "Config", "current-context": "c",
+            "clusters": [{"name": "c", "cluster": {"server": self.server}}],
+            "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+            "users": [{"name": "u", "user": {"token": "t"}}],
+        }))  # fmt: skip
+        return path
 
     def __enter__(self) -> FakeApiServer:
         self._thread.start()
