@@ -169,6 +169,8 @@ class ClaimPreparer(Unpreparer):
         """PreparedLookup: the recorded result of a claim whose UID is prepared here (its
         spec in place); None for anything else, which the full prepare handles."""
         spec = cdi.transient_spec_path(self._cdi_dir, self.kind, ref.uid)
+        if not spec.exists():  # not prepared (its spec is written last): no transaction,
+            return None  # so a burst of new claims does not queue on the checkpoint lock
         with self._errors(f"look up claim {ref}"), self._store.transaction() as loaded:
             self._handle_reboot(loaded)
             entry = loaded.checkpoint.claims.get(ref.uid)

@@ -405,3 +405,22 @@ def test_a_state_dir_too_deep_for_mps_sockets_fails_clearly_and_leaves_nothing(
     assert not any((node.state_dir / "mps").glob("*"))
     assert p.prepared_claims() == []
     assert node.calls() == []  # refused while planning: no GPU was touched
+
+
+def test_looking_up_a_claim_not_prepared_takes_no_checkpoint_lock(node: Node) -> None:
+    """The kubelet asks for every new claim whether it is prepared already (answered from
+    the checkpoint while the API server is down): for a claim without its spec the answer
+    is no without a checkpoint transaction, so a burst of new claims does not queue on the
+    checkpoint lock twice per prepare."""
+    import fcntl
+
+    p = node.preparer()
+    p.prepare(claim(devices=[("gpu", "gpu-1")]))
+    lock = node.state_dir / "checkpoint.lock"
+    with lock.open("a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # another instance is inside a transaction
+        started = time.monotonic()
+        assert p.prepared_devices(ClaimRef("default", "other", UID2)) is None
+        assert time.monotonic() - started < 0.5
+    [dev] = p.prepared_devices(ClaimRef("default", "c1", UID)) or []
+    assert dev.device_name == "gpu-1"
