@@ -47,6 +47,7 @@ from dra_driver.gpu.hostpaths import HostPaths
 from dra_driver.gpu.inventory import Inventory
 from dra_driver.gpu.miginstances import MigInstances
 from dra_driver.gpu.monitor import HealthEvents, HealthMonitor
+from dra_driver.gpu.mpsrunners import DaemonRunner
 from dra_driver.gpu.nvml import Nvml
 from dra_driver.gpu.nvmlmonitor import CallObserver
 from dra_driver.gpu.partitions import MigMode, OwnedInstance
@@ -95,6 +96,7 @@ class GpuDriver:
         consumable: ConsumableGpus | None = None,
         cdi_hook: cdihook.HookPlacement | None = None,
         stop_wait_s: float | None = None,
+        mps_runner: DaemonRunner | None = None,
     ) -> None:
         """Runs the first discovery now, so a node without a usable driver fails at start,
         then finishes whatever prepare or unprepare a previous process left half done.
@@ -111,6 +113,7 @@ class GpuDriver:
         toolkit's ``/usr/bin/nvidia-cdi-hook`` and nothing is installed or checked).
         ``stop_wait_s``: how long :meth:`stop_background` waits for the health monitor's
         NVML event waits (None: all of them; the daemon, about to exit, waits 0.1 s).
+        ``mps_runner``: what starts MPS daemons (None: this process, as its children).
         """
         self._driver_name = driver_name
         self._pool_name = pool_name
@@ -175,6 +178,7 @@ class GpuDriver:
             cdi_hook=cdi_hook.path if cdi_hook is not None else cdihook.TOOLKIT_HOOK,
             mig_instances=self._mig,
             on_state_problem=self._state_changed,
+            mps_runner=mps_runner,
         )
         self._pool = self._build(self._inventory, self._health)
         try:
@@ -307,12 +311,8 @@ class GpuDriver:
             self._monitor.stop(wait_s=self._stop_wait_s)
 
     def _sharing(self) -> dict[str, str]:
-        names = {
-            "MPS": "mps",
-            "TimeSlicing": "time-slicing",
-            "MpsShares": "mps",
-            "TimeSlicedShares": "time-slicing",
-        }
+        names = {"MPS": "mps", "TimeSlicing": "time-slicing", "MpsShares": "mps",
+                 "TimeSlicedShares": "time-slicing"}  # fmt: skip
         return {uid: names.get(s, "exclusive") for uid, s in self._preparer.strategies().items()}
 
     def watch_claims(self, claims: Callable[[], list[PreparedClaim]]) -> None:

@@ -24,7 +24,8 @@ from typing import Any
 
 from dra_driver.errors import DriverError
 from dra_driver.gpu import cdi
-from dra_driver.gpu.checkpoint import PREPARED, RELEASING, UNPREPARING
+from dra_driver.gpu.checkpoint import PREPARED, READY, RELEASING, UNPREPARING, Checkpoint
+from dra_driver.gpu.mpsdaemons import is_mps_id
 from dra_driver.gpu.statefile import ClaimRecords, Loaded, MoreLocks, UnitSteps, describe, locks_of
 from dra_driver.gpu.strategies.base import SharedResources
 from dra_driver.logs import ContextLogger, claim_logger
@@ -99,6 +100,23 @@ class Unpreparer(ClaimRecords):
                     self._release_shared(key, None, self._log)
             except DriverError as exc:
                 self._log.error("could not release shared resource %s: %s", key, exc)
+        self._adopt_daemons()
+
+    def _adopt_daemons(self) -> None:
+        """MPS daemons that outlived the previous plugin (pods, or processes of a plugin
+        run on the host): those a record owns are adopted, the others removed. Under the
+        checkpoint lock: an overlapping plugin (rolling update) records a daemon before it
+        starts it, so no daemon it is starting is taken for an orphan."""
+        daemons = self._daemons
+        if daemons is None:
+            return
+        with self._store.transaction() as loaded:
+            self._handle_reboot(loaded)
+            owners, must_run = daemon_owners(loaded.checkpoint)
+            try:
+                daemons.adopt(owners, must_run, self._log)
+            except DriverError as exc:
+                self._log.error("could not adopt or remove MPS daemons at start: %s", exc)
 
     def _teardown(self, uid: str, log: ContextLogger, what: str, locks: set[str]) -> None:
         """Undo everything recorded for ``uid`` and drop its entry; the caller holds
@@ -196,3 +214,25 @@ class Unpreparer(ClaimRecords):
         cdi.remove_spec(self._cdi_dir, self.kind, uid)
         for strategy in self._strategies:
             strategy.forget(uid)
+
+
+def daemon_owners(checkpoint: Checkpoint) -> tuple[dict[str, str], set[str]]:
+    """MPS daemon ids recorded in ``checkpoint`` (a unit's or a shared resource's record
+    naming a ``daemonId``), each with its owner (claim UID or shared key); and those that
+    must be running (their claim is prepared, their shared resource ready)."""
+    owners: dict[str, str] = {}
+    must_run: set[str] = set()
+    for uid, entry in checkpoint.claims.items():
+        for unit in entry.units:
+            daemon_id = str(unit.record.get("daemonId", ""))
+            if is_mps_id(daemon_id):
+                owners[daemon_id] = uid
+                if entry.state == PREPARED:
+                    must_run.add(daemon_id)
+    for key, shared in checkpoint.shared.items():
+        daemon_id = str(shared.record.get("daemonId", ""))
+        if is_mps_id(daemon_id):
+            owners[daemon_id] = key
+            if shared.state == READY:
+                must_run.add(daemon_id)
+    return owners, must_run
