@@ -1,0 +1,195 @@
+"""MPS daemons that outlive the plugin: the runner seam, daemon pods and adoption.
+
+The pod runner (:mod:`dra_driver.mpspods`) is driven through the plugin's real API
+client against :class:`~tests.mpspods_kubelet.PodKubelet`, which runs each pod's
+container as a local process: the real ``dra-driver mps-daemon`` entry point and the
+emulated ``nvidia-cuda-mps-control -f``. A "restarted plugin" is a new preparer with a
+new runner over the same state dir (the old one's objects dropped, as a killed
+container's are); its ``recover()`` is what the daemon runs at start.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from dra_driver.devcluster import wait_until
+from dra_driver.gpu.mpsdaemons import MIB, MpsDaemons
+from dra_driver.gpu.preparing import ClaimPreparer
+from dra_driver.gpu.sharing import GpuCommands
+from dra_driver.mpspods import PodRunner
+from dra_driver.plugin.claims import PrepareError
+from tests.mpspods_kubelet import PodKubelet
+from tests.prepare.hosttree import Node, claim, gpu_config
+
+LIMITS = {"defaultActiveThreadPercentage": 40, "defaultPinnedDeviceMemoryLimit": "2Gi"}
+STRAY = "bbbbbbbbbbbb"
+
+
+@pytest.fixture
+def kubelet(tmp_path: Path) -> Iterator[PodKubelet]:
+    with PodKubelet(tmp_path) as k:
+        yield k
+
+
+def runner(kubelet: PodKubelet, node: Node, **kw: object) -> PodRunner:
+    return PodRunner(
+        client=kubelet.client(), namespace="dra-driver", node_name="node-a",
+        driver_name="gpu.nvidia.com", image="dra-driver:test", mps_control=node.tools.mps_control,
+        logger=logging.getLogger("test.mpspods"), **kw,  # type: ignore[arg-type]
+    )  # fmt: skip
+
+
+def daemons(node: Node, runner: PodRunner | None) -> MpsDaemons:
+    commands = GpuCommands(tools=node.tools, logger=logging.getLogger("test"))
+    return MpsDaemons(
+        root=node.state_dir / "mps", commands=commands, tools=node.tools, runner=runner
+    )
+
+
+def daemon_commands(node: Node, pid: int) -> list[str]:
+    return [
+        str(c["command"]) for c in node.calls("mps-daemon") if c["pid"] == pid and "command" in c
+    ]
+
+
+def live(node: Node) -> list[int]:
+    """The node's MPS daemons (not the pods' entry points, whose argv names the tool)."""
+    return [pid for pid in node.live_daemons()
+            if b"\0mps-daemon\0" not in Path(f"/proc/{pid}/cmdline").read_bytes()]  # fmt: skip
+
+
+def parent_of(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def mps_claim() -> object:
+    return claim(configs=[gpu_config({"strategy": "MPS", "mpsConfig": LIMITS})])
+
+
+def prepared_daemon(p: ClaimPreparer) -> str:
+    (unit,) = p.recorded_units()
+    return str(unit.record["daemonId"])
+
+
+def test_a_daemon_pod_serves_the_claim_and_a_restarted_plugin_adopts_it(
+    node: Node, kubelet: PodKubelet, caplog: pytest.LogCaptureFixture
+) -> None:
+    p = node.preparer(mps_runner=runner(kubelet, node))
+    p.prepare(mps_claim())
+    daemon_id = prepared_daemon(p)
+    (pod,) = kubelet.pods.values()
+    spec = pod["spec"]
+    assert pod["metadata"]["labels"]["gpu.nvidia.com/mps-daemon"] == daemon_id
+    assert (spec["nodeName"], spec["hostPID"], spec["restartPolicy"]) == ("node-a", True, "Always")
+    assert spec["containers"][0]["securityContext"] == {"privileged": True}
+    assert spec["containers"][0]["args"][0] == "mps-daemon"
+    base = str(node.state_dir / "mps" / daemon_id)
+    mounts = {(v["hostPath"]["path"], m["mountPath"])
+              for v, m in zip(spec["volumes"], spec["containers"][0]["volumeMounts"], strict=True)}  # fmt: skip
+    assert mounts == {(base, base), (f"{base}/shm", "/dev/shm")}
+    (pid,) = live(node)
+    assert parent_of(pid) != os.getpid()  # the pod's, not this process's child
+    # The pod's daemon got the claim's limits as its defaults, before it was called ready.
+    assert daemon_commands(node, pid) == [
+        "set_default_active_thread_percentage 40",
+        f"set_default_device_pinned_mem_limit {node.inventory.gpus[0].uuid} 2048M",
+    ]
+    # A daemon pod no record owns (left by a plugin that crashed before recording it).
+    stray = daemons(node, runner(kubelet, node))
+    stray.bring_up(STRAY, ["GPU-x"], active_thread_percentage=None, pinned_memory={},
+                   done=lambda _s: None)  # fmt: skip
+    assert len(kubelet.pods) == 2
+
+    # The plugin is restarted: new objects, the same node. Its start adopts.
+    p.close()
+    again = node.preparer(mps_runner=runner(kubelet, node))
+    with caplog.at_level(logging.INFO):
+        again.recover()
+    assert live(node) == [pid]  # the same process served throughout
+    ((_, name),) = kubelet.pods
+    assert kubelet.pod_named(name)["metadata"]["uid"] == pod["metadata"]["uid"]  # type: ignore[index]
+    adopted = [r for r in caplog.records if r.getMessage() == "adopted MPS daemon"]
+    assert [(r.daemon, r.owner) for r in adopted] == [(daemon_id, mps_claim().ref.uid)]  # type: ignore[attr-defined]
+    assert "removing an MPS daemon no claim owns" in caplog.text
+    assert not (node.state_dir / "mps" / STRAY).exists()
+
+    again.unprepare(mps_claim().ref)  # type: ignore[attr-defined]
+    assert kubelet.pods == {}
+    assert live(node) == []
+    assert list((node.state_dir / "mps").iterdir()) == []
+    assert node.mounts() == []
+
+
+def test_a_daemon_container_that_dies_is_restarted_with_its_limits(
+    node: Node, kubelet: PodKubelet
+) -> None:
+    p = node.preparer(mps_runner=runner(kubelet, node))
+    p.prepare(mps_claim())
+    (pid,) = live(node)
+    os.kill(pid, signal.SIGKILL)  # its control pipe stays behind
+    wait_until(lambda: len(live(node)) == 1 and live(node) != [pid],
+               timeout=20, what="the kubelet restarted the daemon's container")  # fmt: skip
+    (new,) = live(node)
+    wait_until(lambda: len(daemon_commands(node, new)) == 2, timeout=20,
+               what="the restarted daemon got its limits again")  # fmt: skip
+    assert daemon_commands(node, new) == daemon_commands(node, pid)
+    p.unprepare(mps_claim().ref)  # type: ignore[attr-defined]
+    assert kubelet.pods == {} and live(node) == []
+
+
+def test_a_daemon_pod_that_never_serves_fails_the_prepare_naming_the_pod(
+    node: Node, kubelet: PodKubelet
+) -> None:
+    broken = runner(kubelet, node, start_timeout_s=3)
+    broken._mps_control = node.root / "no-such-tool"  # the driver root lacks the MPS tool
+    p = node.preparer(mps_runner=broken)
+    with pytest.raises(PrepareError, match=r"MPS daemon pod dra-driver/mps-daemon-\w+-\w+ not "
+                       r"serving after 3 s: phase Running"):  # fmt: skip
+        p.prepare(mps_claim())
+    assert kubelet.pods == {}  # rolled back: the pod deleted
+    assert p.prepared_claims() == []
+
+
+def test_process_runner_adoption_keeps_recorded_daemons_and_removes_the_others(
+    node: Node, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A plugin run on the host: its daemons outlive it as processes; the next one adopts
+    the recorded ones, removes a stray one and reports a recorded one that died."""
+    p = node.preparer()
+    p.prepare(mps_claim())
+    (pid,) = node.live_daemons()
+    daemons(node, None).bring_up(STRAY, ["GPU-x"], active_thread_percentage=None,
+                                 pinned_memory={"GPU-x": 64 * MIB}, done=lambda _s: None)  # fmt: skip
+    assert len(node.live_daemons()) == 2
+    p.close()
+    again = node.preparer()
+    with caplog.at_level(logging.INFO):
+        again.recover()
+    assert node.live_daemons() == [pid]
+    assert not (node.state_dir / "mps" / STRAY).exists()
+    assert "adopted MPS daemon" in caplog.text
+
+    os.kill(pid, signal.SIGKILL)
+    wait_until(lambda: node.live_daemons() == [], timeout=10, what="daemon killed")
+    caplog.clear()
+    node.preparer().recover()
+    (said,) = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert said.claim_uid == mps_claim().ref.uid  # type: ignore[attr-defined]
+    assert "is not running: its clients have no MPS server" in said.getMessage()
+
+
+def test_after_a_reboot_every_daemon_pod_is_deleted(node: Node, kubelet: PodKubelet) -> None:
+    p = node.preparer(mps_runner=runner(kubelet, node))
+    p.prepare(mps_claim())
+    assert len(kubelet.pods) == 1
+    p.close()
+    node.host.proc("sys", "kernel", "random", "boot_id").write_text("boot-2\n")
+    node.preparer(mps_runner=runner(kubelet, node)).recover()
+    wait_until(lambda: kubelet.pods == {}, timeout=20, what="the daemon pods deleted")
+    assert list((node.state_dir / "mps").iterdir()) == []
