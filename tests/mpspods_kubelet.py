@@ -63,7 +63,7 @@ class PodKubelet:
                 assert parts[:3] == ["api", "v1", "namespaces"] and parts[4] == "pods", url.path
                 return parts[3], parts[5] if len(parts) > 5 else None, parse_qs(url.query)
 
-            def do_GET(self) -> None:  # noqa: N802
+            def do_GET(self) -> None:
                 ns, name, query = self._route()
                 kubelet.requests.append(("GET", self.path))
                 with kubelet._lock:
@@ -71,19 +71,26 @@ class PodKubelet:
                         pod = kubelet.pods.get((ns, name))
                         self._send(200, pod) if pod else self._send(404, _not_found(name))
                         return
-                    items = [p for (n, _), p in kubelet.pods.items() if n == ns
-                             and _selected(p, query)]  # fmt: skip
+                    items = [
+                        p for (n, _), p in kubelet.pods.items() if n == ns and _selected(p, query)
+                    ]
                 self._send(200, {"kind": "PodList", "items": items})
 
-            def do_POST(self) -> None:  # noqa: N802
+            def do_POST(self) -> None:
                 ns, _, _ = self._route()
                 pod = self._body()
                 kubelet.requests.append(("POST", self.path))
                 name = pod["metadata"]["name"]
                 with kubelet._lock:
                     if (ns, name) in kubelet.pods:
-                        self._send(409, {"kind": "Status", "reason": "AlreadyExists",
-                                         "message": f"pods {name!r} already exists"})  # fmt: skip
+                        self._send(
+                            409,
+                            {
+                                "kind": "Status",
+                                "reason": "AlreadyExists",
+                                "message": f"pods {name!r} already exists",
+                            },
+                        )
                         return
                     pod["metadata"]["uid"] = str(uuid.uuid4())
                     pod["status"] = {"phase": "Pending"}
@@ -91,7 +98,7 @@ class PodKubelet:
                     kubelet._run(ns, name)
                 self._send(201, pod)
 
-            def do_DELETE(self) -> None:  # noqa: N802
+            def do_DELETE(self) -> None:
                 ns, name, _ = self._route()
                 assert name is not None
                 body = self._body()
@@ -103,8 +110,14 @@ class PodKubelet:
                         return
                     want = (body.get("preconditions") or {}).get("uid")
                     if want and want != pod["metadata"]["uid"]:
-                        self._send(409, {"kind": "Status", "reason": "Conflict",
-                                         "message": "Precondition failed: UID"})  # fmt: skip
+                        self._send(
+                            409,
+                            {
+                                "kind": "Status",
+                                "reason": "Conflict",
+                                "message": "Precondition failed: UID",
+                            },
+                        )
                         return
                     pod["metadata"]["deletionTimestamp"] = time.strftime("%Y-%m-%dT%H:%M:%SZ")
                 threading.Thread(target=kubelet._terminate, args=(ns, name), daemon=True).start()
@@ -145,15 +158,23 @@ class PodKubelet:
         (container,) = pod["spec"]["containers"]
         env = {**os.environ, **{e["name"]: e["value"] for e in container.get("env", [])}}
         log = (self.workdir / f"{name}.log").open("ab")
-        proc = subprocess.Popen([sys.executable, "-m", "dra_driver", *container["args"]],
-                                env=env, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)  # fmt: skip
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "dra_driver", *container["args"]],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         log.close()
         self.procs[pod["metadata"]["uid"]] = proc
         restarts = pod["status"].get("restarts", 0)
-        pod["status"] = {"phase": "Running", "restarts": restarts,
-                         "containerStatuses": [{"name": "main", "restartCount": restarts,
-                                                "state": {"running": {}}}]}  # fmt: skip
+        pod["status"] = {
+            "phase": "Running",
+            "restarts": restarts,
+            "containerStatuses": [
+                {"name": "main", "restartCount": restarts, "state": {"running": {}}}
+            ],
+        }
 
     def _supervise(self) -> None:
         """restartPolicy Always: a container that exited is started again."""

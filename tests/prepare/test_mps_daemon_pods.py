@@ -39,10 +39,15 @@ def kubelet(tmp_path: Path) -> Iterator[PodKubelet]:
 
 def runner(kubelet: PodKubelet, node: Node, **kw: object) -> PodRunner:
     return PodRunner(
-        client=kubelet.client(), namespace="dra-driver", node_name="node-a",
-        driver_name="gpu.nvidia.com", image="dra-driver:test", mps_control=node.tools.mps_control,
-        logger=logging.getLogger("test.mpspods"), **kw,  # type: ignore[arg-type]
-    )  # fmt: skip
+        client=kubelet.client(),
+        namespace="dra-driver",
+        node_name="node-a",
+        driver_name="gpu.nvidia.com",
+        image="dra-driver:test",
+        mps_control=node.tools.mps_control,
+        logger=logging.getLogger("test.mpspods"),
+        **kw,  # type: ignore[arg-type]
+    )
 
 
 def daemons(node: Node, runner: PodRunner | None) -> MpsDaemons:
@@ -60,8 +65,11 @@ def daemon_commands(node: Node, pid: int) -> list[str]:
 
 def live(node: Node) -> list[int]:
     """The node's MPS daemons (not the pods' entry points, whose argv names the tool)."""
-    return [pid for pid in node.live_daemons()
-            if b"\0mps-daemon\0" not in Path(f"/proc/{pid}/cmdline").read_bytes()]  # fmt: skip
+    return [
+        pid
+        for pid in node.live_daemons()
+        if b"\0mps-daemon\0" not in Path(f"/proc/{pid}/cmdline").read_bytes()
+    ]
 
 
 def parent_of(pid: int) -> int:
@@ -90,8 +98,10 @@ def test_a_daemon_pod_serves_the_claim_and_a_restarted_plugin_adopts_it(
     assert spec["containers"][0]["securityContext"] == {"privileged": True}
     assert spec["containers"][0]["args"][0] == "mps-daemon"
     base = str(node.state_dir / "mps" / daemon_id)
-    mounts = {(v["hostPath"]["path"], m["mountPath"])
-              for v, m in zip(spec["volumes"], spec["containers"][0]["volumeMounts"], strict=True)}  # fmt: skip
+    mounts = {
+        (v["hostPath"]["path"], m["mountPath"])
+        for v, m in zip(spec["volumes"], spec["containers"][0]["volumeMounts"], strict=True)
+    }
     assert mounts == {(base, base), (f"{base}/shm", "/dev/shm")}
     (pid,) = live(node)
     assert parent_of(pid) != os.getpid()  # the pod's, not this process's child
@@ -102,8 +112,9 @@ def test_a_daemon_pod_serves_the_claim_and_a_restarted_plugin_adopts_it(
     ]
     # A daemon pod no record owns (left by a plugin that crashed before recording it).
     stray = daemons(node, runner(kubelet, node))
-    stray.bring_up(STRAY, ["GPU-x"], active_thread_percentage=None, pinned_memory={},
-                   done=lambda _s: None)  # fmt: skip
+    stray.bring_up(
+        STRAY, ["GPU-x"], active_thread_percentage=None, pinned_memory={}, done=lambda _s: None
+    )
     assert len(kubelet.pods) == 2
 
     # The plugin is restarted: new objects, the same node. Its start adopts.
@@ -133,11 +144,17 @@ def test_a_daemon_container_that_dies_is_restarted_with_its_limits(
     p.prepare(mps_claim())
     (pid,) = live(node)
     os.kill(pid, signal.SIGKILL)  # its control pipe stays behind
-    wait_until(lambda: len(live(node)) == 1 and live(node) != [pid],
-               timeout=20, what="the kubelet restarted the daemon's container")  # fmt: skip
+    wait_until(
+        lambda: len(live(node)) == 1 and live(node) != [pid],
+        timeout=20,
+        what="the kubelet restarted the daemon's container",
+    )
     (new,) = live(node)
-    wait_until(lambda: len(daemon_commands(node, new)) == 2, timeout=20,
-               what="the restarted daemon got its limits again")  # fmt: skip
+    wait_until(
+        lambda: len(daemon_commands(node, new)) == 2,
+        timeout=20,
+        what="the restarted daemon got its limits again",
+    )
     assert daemon_commands(node, new) == daemon_commands(node, pid)
     p.unprepare(mps_claim().ref)  # type: ignore[attr-defined]
     assert kubelet.pods == {} and live(node) == []
@@ -149,8 +166,11 @@ def test_a_daemon_pod_that_never_serves_fails_the_prepare_naming_the_pod(
     broken = runner(kubelet, node, start_timeout_s=3)
     broken._mps_control = node.root / "no-such-tool"  # the driver root lacks the MPS tool
     p = node.preparer(mps_runner=broken)
-    with pytest.raises(PrepareError, match=r"MPS daemon pod dra-driver/mps-daemon-\w+-\w+ not "
-                       r"serving after 3 s: phase Running"):  # fmt: skip
+    with pytest.raises(
+        PrepareError,
+        match=r"MPS daemon pod dra-driver/mps-daemon-\w+-\w+ not "
+        r"serving after 3 s: phase Running",
+    ):
         p.prepare(mps_claim())
     assert kubelet.pods == {}  # rolled back: the pod deleted
     assert p.prepared_claims() == []
@@ -164,8 +184,13 @@ def test_process_runner_adoption_keeps_recorded_daemons_and_removes_the_others(
     p = node.preparer()
     p.prepare(mps_claim())
     (pid,) = node.live_daemons()
-    daemons(node, None).bring_up(STRAY, ["GPU-x"], active_thread_percentage=None,
-                                 pinned_memory={"GPU-x": 64 * MIB}, done=lambda _s: None)  # fmt: skip
+    daemons(node, None).bring_up(
+        STRAY,
+        ["GPU-x"],
+        active_thread_percentage=None,
+        pinned_memory={"GPU-x": 64 * MIB},
+        done=lambda _s: None,
+    )
     assert len(node.live_daemons()) == 2
     p.close()
     again = node.preparer()
