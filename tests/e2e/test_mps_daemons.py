@@ -1,0 +1,332 @@
+"""MPS daemons outlive the plugin container, on a real node (kubelet + containerd) with
+the chart's DaemonSet pod from the locally built image and ``mpsDaemons: pod``.
+
+Two whole-GPU MPS claims, each with a client pod that keeps writing to its daemon's
+control pipe (the emulated daemon records every line with its PID). Then (a) the
+plugin container is SIGKILLed (the kubelet restarts it) and (b) a rolling update
+replaces the plugin pod. Throughout, each daemon keeps its PID (sampled every 15 ms:
+the longest time a client was without its daemon is the figure docs/benchmarks.md
+reports, expected 0), the clients keep running and their lines keep reaching the
+same daemon, and each new plugin logs that it adopted both daemons. Unprepare
+afterwards removes the daemon pods; nothing is left: no pod, process, mount or dir.
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dra_driver.demo.realgpu import DONE_MARKER
+from dra_driver.demo.realgpupod import RealGpuNodePod
+from dra_driver.demo.stack import pin_to_node
+from dra_driver.devcluster import Cluster, wait_until
+from dra_driver.devcluster.binaries import NodeBinaries
+from dra_driver.devcluster.node import NodeImage
+from tests.conftest import start_real_node
+from tests.e2e.helm import CHART
+from tests.e2e.scenarios import pids_alive, plugin_records, tool_calls
+from tests.e2e.shares import daemons
+
+CLIENT = (
+    f"echo $CUDA_MPS_PIPE_DIRECTORY; echo {DONE_MARKER}; "
+    'while true; do echo "ping $POD $(date +%s)" > $CUDA_MPS_PIPE_DIRECTORY/control; '
+    "sleep 0.2; done"
+)
+"""A client of its claim's daemon: a line into the control pipe every 200 ms (an open
+for writing blocks while no daemon holds the pipe)."""
+
+
+@pytest.fixture(scope="module")
+def node(
+    cluster: Cluster,
+    driver_objects: list[str],
+    node_binaries: NodeBinaries,
+    helm_binary: Path,
+    plugin_image: tuple[Path, str],
+) -> Iterator[RealGpuNodePod]:
+    archive, ref = plugin_image
+    real = start_real_node(cluster, node_binaries, prefix="mp")
+    try:
+        real.import_image(NodeImage(archive, ref))
+        gpu = RealGpuNodePod(
+            image=ref,
+            cluster=cluster,
+            node=real,
+            profile="dgx-a100",
+            workdir=real.paths.workdir / "gpu",
+            helm=helm_binary,
+            chart_dir=CHART,
+        )
+        assert gpu.values.get("mpsDaemons", "pod") == "pod"  # the chart's default
+        try:
+            gpu.start()
+            yield gpu
+        finally:
+            gpu.stop()
+    finally:
+        real.stop()
+        real.remove_workdir()
+
+
+def mps_objects(ns: str, name: str, node: str, pct: int) -> list[dict[str, Any]]:
+    config = {
+        "driver": "gpu.nvidia.com",
+        "parameters": {
+            "apiVersion": "resource.nvidia.com/v1beta1",
+            "kind": "GpuConfig",
+            "sharing": {"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": pct}},
+        },
+    }
+    claim = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {
+            "devices": {
+                "requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}],
+                "config": [{"requests": ["gpu"], "opaque": config}],
+            }
+        },
+    }
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": 1,
+            "resourceClaims": [{"name": "gpu", "resourceClaimName": name}],
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "busybox:1.36",
+                    "command": ["sh", "-c", CLIENT],
+                    "env": [{"name": "POD", "value": name}],
+                    "resources": {"claims": [{"name": "gpu"}]},
+                }
+            ],
+        },
+    }
+    return [claim, *pin_to_node([pod], node)]
+
+
+class Sampler:
+    """Every ``period_s``: are these daemon PIDs all alive? The longest run of samples
+    where one was not is how long a client was without its daemon."""
+
+    def __init__(self, pids: set[int], period_s: float = 0.015) -> None:
+        self.pids = pids
+        self.period_s = period_s
+        self.samples = 0
+        self.longest_gap_s = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        gap_start = None
+        while not self._stop.is_set():
+            now = time.monotonic()
+            alive = set(pids_alive(sorted(self.pids))) == self.pids
+            self.samples += 1
+            if not alive and gap_start is None:
+                gap_start = now
+            elif alive and gap_start is not None:
+                self.longest_gap_s = max(self.longest_gap_s, now - gap_start)
+                gap_start = None
+            self._stop.wait(self.period_s)
+        if gap_start is not None:
+            self.longest_gap_s = max(self.longest_gap_s, time.monotonic() - gap_start)
+
+    def __enter__(self) -> Sampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def pings(node: RealGpuNodePod, pod: str, since: float) -> set[int]:
+    """PIDs of the daemons that received ``pod``'s lines sent after ``since`` (epoch s)."""
+    found = set()
+    for c in tool_calls(node):
+        words = str(c.get("command", "")).split()
+        if c.get("tool") == "mps-daemon" and words[:2] == ["ping", pod] and int(words[2]) > since:
+            found.add(int(c["pid"]))
+    return found
+
+
+def adoptions(node: RealGpuNodePod) -> list[str]:
+    return [
+        str(r["daemon"]) for r in node.plugin_log_records() if r.get("msg") == "adopted MPS daemon"
+    ]
+
+
+def wait_replaced(node: RealGpuNodePod, old: dict[str, Any]) -> None:
+    """Until the plugin pod ``old`` is replaced by a single Ready new one."""
+
+    def replaced() -> bool:
+        pods = node.plugin_pods()
+        return (
+            len(pods) == 1
+            and pods[0]["metadata"]["uid"] != old["metadata"]["uid"]
+            and (node.pod_ready(pods[0]))
+        )
+
+    wait_until(
+        replaced,
+        timeout=120,
+        what="the old plugin pod replaced by a Ready new one",
+        describe=node.describe_plugin,
+    )
+
+
+def host_mounts_under(path: Path) -> list[str]:
+    lines = Path("/proc/self/mountinfo").read_text().splitlines()
+    return [p for p in (line.split()[4] for line in lines) if p.startswith(f"{path}/")]
+
+
+def test_daemons_survive_plugin_sigkill_and_rolling_update(
+    cluster: Cluster, cluster_namespace: str, node: RealGpuNodePod
+) -> None:
+    ns = cluster_namespace
+    names = ("mps-one", "mps-two")
+    for i, name in enumerate(names):
+        cluster.apply(mps_objects(ns, name, node.name, pct=30 + 10 * i))
+    for name in names:
+        node.run_pod(ns, name)
+    wait_until(
+        lambda: len(node.daemon_pods()) == 2 and len(daemons(node)) == 2,
+        timeout=30,
+        what="two MPS daemon pods and their daemons",
+    )
+    before = daemons(node)  # daemon dir -> PID
+    pids = set(before.values())
+    assert all(node.pod_ready(p) or p["status"]["phase"] == "Running" for p in node.daemon_pods())
+    assert {p["spec"]["nodeName"] for p in node.daemon_pods()} == {node.name}
+    start = time.time()
+    wait_until(
+        lambda: all(pings(node, n, start) for n in names),
+        timeout=15,
+        what="both clients reach their daemons",
+    )
+    served = {n: pings(node, n, start) for n in names}
+    assert set().union(*served.values()) == pids and all(len(v) == 1 for v in served.values())
+    daemon_pod_uids = {p["metadata"]["uid"] for p in node.daemon_pods()}
+
+    with Sampler(pids) as sampler:
+        # (a) SIGKILL: the kubelet restarts the plugin container in the same pod.
+        restarts = node.restart_count()
+        node.kill_plugin()
+        wait_until(
+            lambda: node.restart_count() > restarts,
+            timeout=60,
+            what="the kubelet restarted the plugin container",
+            describe=node.describe_plugin,
+        )
+        node.wait_ready()
+        wait_until(
+            lambda: sorted(adoptions(node)) == sorted(Path(d).name for d in before),
+            timeout=30,
+            what="the restarted plugin adopted both daemons",
+        )
+        killed = time.time()
+        wait_until(
+            lambda: all(pings(node, n, killed) == served[n] for n in names),
+            timeout=15,
+            what="clients still reach the same daemons after the SIGKILL",
+        )
+
+        # (b) Rolling update: a new plugin pod beside the old one (surge), then alone.
+        (old_pod,) = node.plugin_pods()
+        node.roll()
+        wait_replaced(node, old_pod)
+        wait_until(
+            lambda: len(adoptions(node)) == 4,
+            timeout=30,
+            what="the new plugin pod adopted both daemons",
+        )
+        rolled = time.time()
+        wait_until(
+            lambda: all(pings(node, n, rolled) == served[n] for n in names),
+            timeout=15,
+            what="clients still reach the same daemons after the rolling update",
+        )
+    assert daemons(node) == before  # same daemons, same PIDs
+    assert {p["metadata"]["uid"] for p in node.daemon_pods()} == daemon_pod_uids
+    for name in names:
+        assert node.pod(ns, name)["status"]["phase"] == "Running"
+    print(
+        f"\nMEASURE longest time a client was without its daemon: "
+        f"{sampler.longest_gap_s * 1000:.1f} ms over {sampler.samples} samples "
+        f"({sampler.period_s * 1000:.0f} ms apart)"
+    )
+    assert sampler.samples > 100 and sampler.longest_gap_s == 0.0
+
+    # Unprepare (by the new plugin): the daemon pods go, and everything else with them.
+    for name in names:
+        node.delete_pod(ns, name)
+    wait_until(
+        lambda: node.daemon_pods() == [] and node.cdi_specs() == {},
+        timeout=60,
+        what="daemon pods deleted at unprepare",
+        describe=node.describe_plugin,
+    )
+    assert pids_alive(sorted(pids)) == []
+    assert daemons(node) == {}
+    mps = node.state_dir / "mps"
+    assert host_mounts_under(mps) == []
+    assert not mps.exists() or list(mps.iterdir()) == []
+    uids = {
+        str(
+            cluster.rest.get(f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/{n}")[
+                "metadata"
+            ]["uid"]
+        )
+        for n in names
+    }
+    assert all(plugin_records(node, uid, "unprepared") for uid in uids)  # type: ignore[arg-type]
+
+
+def test_first_prepare_latency_pod_vs_process(
+    cluster: Cluster, cluster_namespace: str, node: RealGpuNodePod
+) -> None:
+    """The figure docs/benchmarks.md reports: an MPS claim's prepare (plugin log,
+    ``duration_ms``) with the daemon started as a pod vs as the plugin's child, one
+    claim at a time, on this node. The mode is switched as ``helm upgrade`` would."""
+    ns = cluster_namespace
+    results: dict[str, list[float]] = {}
+    for mode in ("pod", "process"):
+        if node.values.get("mpsDaemons", "pod") != mode:
+            node.values["mpsDaemons"] = mode
+            (old,) = node.plugin_pods()
+            cluster.apply(node.render())
+            wait_replaced(node, old)
+        for i in range(5):
+            name = f"lat-{mode}-{i}"
+            cluster.apply(mps_objects(ns, name, node.name, pct=50))
+            node.run_pod(ns, name)
+            uid = cluster.rest.get(
+                f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/{name}"
+            )["metadata"]["uid"]
+            (rec,) = plugin_records(node, uid, "prepared")  # type: ignore[arg-type]
+            results.setdefault(mode, []).append(float(rec["duration_ms"]))
+            assert len(node.daemon_pods()) == (1 if mode == "pod" else 0)
+            node.delete_pod(ns, name)
+            wait_until(
+                lambda: node.cdi_specs() == {} and node.daemon_pods() == [],
+                timeout=60,
+                what="unprepared",
+            )
+    for mode, values in results.items():
+        print(
+            f"\nMEASURE first prepare of an MPS claim, daemon as {mode}: p50 "
+            f"{statistics.median(values):.0f} ms, all {sorted(round(v) for v in values)}"
+        )
+    assert statistics.median(results["process"]) < statistics.median(results["pod"])
