@@ -19,6 +19,7 @@ claim uses. The checkpoint's states are documented in
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator, Mapping
 from contextlib import ExitStack
 from typing import Any
 
@@ -217,22 +218,34 @@ class Unpreparer(ClaimRecords):
 
 
 def daemon_owners(checkpoint: Checkpoint) -> tuple[dict[str, str], set[str]]:
-    """MPS daemon ids recorded in ``checkpoint`` (a unit's or a shared resource's record
-    naming a ``daemonId``), each with its owner (claim UID or shared key); and those that
-    must be running (their claim is prepared, their shared resource ready)."""
+    """MPS daemon ids recorded in ``checkpoint``, each with its owner (claim UID or shared
+    key); and those that must be running: a record's ``daemonId`` whose claim is prepared
+    or whose shared resource is ready. Any other value of a record with a daemon id's
+    shape counts as owned too, so a strategy that names it otherwise never has its daemon
+    taken for an orphan (keeping a daemon in doubt costs nothing; removing one ends its
+    clients' work)."""
     owners: dict[str, str] = {}
     must_run: set[str] = set()
-    for uid, entry in checkpoint.claims.items():
-        for unit in entry.units:
-            daemon_id = str(unit.record.get("daemonId", ""))
-            if is_mps_id(daemon_id):
-                owners[daemon_id] = uid
-                if entry.state == PREPARED:
-                    must_run.add(daemon_id)
-    for key, shared in checkpoint.shared.items():
-        daemon_id = str(shared.record.get("daemonId", ""))
-        if is_mps_id(daemon_id):
-            owners[daemon_id] = key
-            if shared.state == READY:
-                must_run.add(daemon_id)
+    records = [(uid, e.state == PREPARED, u.record)
+               for uid, e in checkpoint.claims.items() for u in e.units]  # fmt: skip
+    records += [(key, s.state == READY, s.record) for key, s in checkpoint.shared.items()]
+    for owner, ready, record in records:
+        for daemon_id in _ids_in(record):
+            owners[daemon_id] = owner
+        named = str(record.get("daemonId", ""))
+        if ready and is_mps_id(named):
+            must_run.add(named)
     return owners, must_run
+
+
+def _ids_in(value: object) -> Iterator[str]:
+    """Strings shaped like a daemon id anywhere in a record (dicts and lists walked)."""
+    if isinstance(value, str):
+        if is_mps_id(value):
+            yield value
+    elif isinstance(value, Mapping):
+        for item in value.values():
+            yield from _ids_in(item)
+    elif isinstance(value, list | tuple):
+        for item in value:
+            yield from _ids_in(item)

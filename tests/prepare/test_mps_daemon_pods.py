@@ -218,3 +218,37 @@ def test_after_a_reboot_every_daemon_pod_is_deleted(node: Node, kubelet: PodKube
     node.preparer(mps_runner=runner(kubelet, node)).recover()
     wait_until(lambda: kubelet.pods == {}, timeout=20, what="the daemon pods deleted")
     assert list((node.state_dir / "mps").iterdir()) == []
+
+
+def test_which_recorded_daemons_are_owned_and_which_must_run() -> None:
+    """Adoption's input: a prepared claim's daemon must run; a claim still preparing owns
+    its daemon (not removed) without it having to run yet; a shared resource (a per-GPU
+    daemon) owns one named under any key; a record without a daemon owns nothing."""
+    from dra_driver.gpu.checkpoint import Checkpoint, ClaimEntry, SharedEntry
+    from dra_driver.gpu.strategies.base import Unit
+    from dra_driver.gpu.unpreparing import daemon_owners
+
+    def entry(state: str, record: dict[str, object]) -> ClaimEntry:
+        unit = Unit("MPS", ("gpu-0",), record=record)
+        return ClaimEntry(state=state, namespace="ns", name="c", devices=(), units=(unit,))  # type: ignore[arg-type]
+
+    cp = Checkpoint(
+        boot_id="b",
+        claims={
+            "uid-prepared": entry("Prepared", {"daemonId": "aaaaaaaaaaaa", "uuids": ["GPU-1"]}),
+            "uid-preparing": entry("Preparing", {"daemonId": "bbbbbbbbbbbb"}),
+            "uid-exclusive": entry("Prepared", {"gpu": "GPU-2"}),
+        },
+        shared={
+            "gpu-3/shares": SharedEntry("MpsSlots", "Ready", {"slotDaemon": "cccccccccccc"}),
+            "gpu-4/shares": SharedEntry("MpsSlots", "Releasing", {"daemonId": "dddddddddddd"}),
+        },
+    )
+    owners, must_run = daemon_owners(cp)
+    assert owners == {
+        "aaaaaaaaaaaa": "uid-prepared",
+        "bbbbbbbbbbbb": "uid-preparing",
+        "cccccccccccc": "gpu-3/shares",
+        "dddddddddddd": "gpu-4/shares",
+    }
+    assert must_run == {"aaaaaaaaaaaa"}
