@@ -5,7 +5,8 @@ Knows nothing about GPUs. A :class:`NodePod` is pinned with ``spec.nodeName`` (n
 scheduler: it must run here, and a node that is full or cordoned still runs it),
 tolerates every taint, restarts always, runs one privileged container of the plugin's
 own image with the host's PID namespace, mounts only the host paths it names, and
-gets no API credentials. Its name is unique per node and job (pod names are
+gets no API credentials. It uses the host's network namespace: it needs no network,
+and a pod network would only add the CNI plugins' setup to its start. Its name is unique per node and job (pod names are
 namespace-wide and one namespace holds the pods of every node):
 ``<prefix>-<10 hex of the node name's hash>-<job>``.
 
@@ -95,6 +96,7 @@ class NodePods:
             "nodeName": self._node,
             "restartPolicy": "Always",
             "hostPID": True,
+            "hostNetwork": True,  # no network needed: no CNI setup delays its start
             "automountServiceAccountToken": False,
             "enableServiceLinks": False,
             "terminationGracePeriodSeconds": pod.grace_s,

@@ -13,6 +13,8 @@ afterwards removes the daemon pods; nothing is left: no pod, process, mount or d
 
 from __future__ import annotations
 
+import contextlib
+import json
 import statistics
 import threading
 import time
@@ -27,7 +29,7 @@ from dra_driver.demo.realgpupod import RealGpuNodePod
 from dra_driver.demo.stack import pin_to_node
 from dra_driver.devcluster import Cluster, wait_until
 from dra_driver.devcluster.binaries import NodeBinaries
-from dra_driver.devcluster.node import NodeImage
+from dra_driver.devcluster.node import NodeImage, parse_cri_log
 from tests.conftest import start_real_node
 from tests.e2e.helm import CHART
 from tests.e2e.scenarios import pids_alive, plugin_records, tool_calls
@@ -162,10 +164,18 @@ def pings(node: RealGpuNodePod, pod: str, since: float) -> set[int]:
     return found
 
 
-def adoptions(node: RealGpuNodePod) -> list[str]:
-    return [
-        str(r["daemon"]) for r in node.plugin_log_records() if r.get("msg") == "adopted MPS daemon"
-    ]
+def adoptions(node: RealGpuNodePod, pod_uid: str) -> list[str]:
+    """Daemon ids the plugin pod ``pod_uid`` logged as adopted, all its containers' logs
+    (a deleted pod's logs go with it: each pod is asked about its own)."""
+    found = []
+    for directory in node.node.paths.pod_logs.glob(f"{node.namespace}_*_{pod_uid}"):
+        for log in sorted((directory / "plugin").glob("*.log")):
+            for line in parse_cri_log(log.read_text(errors="replace")).splitlines():
+                with contextlib.suppress(ValueError):
+                    rec = json.loads(line)
+                    if isinstance(rec, dict) and rec.get("msg") == "adopted MPS daemon":
+                        found.append(str(rec["daemon"]))
+    return found
 
 
 def wait_replaced(node: RealGpuNodePod, old: dict[str, Any]) -> None:
@@ -219,6 +229,7 @@ def test_daemons_survive_plugin_sigkill_and_rolling_update(
     served = {n: pings(node, n, start) for n in names}
     assert set().union(*served.values()) == pids and all(len(v) == 1 for v in served.values())
     daemon_pod_uids = {p["metadata"]["uid"] for p in node.daemon_pods()}
+    ids = sorted(Path(d).name for d in before)
 
     with Sampler(pids) as sampler:
         # (a) SIGKILL: the kubelet restarts the plugin container in the same pod.
@@ -232,7 +243,7 @@ def test_daemons_survive_plugin_sigkill_and_rolling_update(
         )
         node.wait_ready()
         wait_until(
-            lambda: sorted(adoptions(node)) == sorted(Path(d).name for d in before),
+            lambda: sorted(adoptions(node, node.pod_uid)) == ids,
             timeout=30,
             what="the restarted plugin adopted both daemons",
         )
@@ -248,7 +259,7 @@ def test_daemons_survive_plugin_sigkill_and_rolling_update(
         node.roll()
         wait_replaced(node, old_pod)
         wait_until(
-            lambda: len(adoptions(node)) == 4,
+            lambda: sorted(adoptions(node, node.pod_uid)) == ids,
             timeout=30,
             what="the new plugin pod adopted both daemons",
         )
