@@ -6,9 +6,9 @@ scheduler: it must run here, and a node that is full or cordoned still runs it),
 tolerates every taint, restarts always, runs one privileged container of the plugin's
 own image with the host's PID namespace, mounts only the host paths it names, and
 gets no API credentials. It uses the host's network namespace: it needs no network,
-and a pod network would only add the CNI plugins' setup to its start. Its name is unique per node and job (pod names are
-namespace-wide and one namespace holds the pods of every node):
-``<prefix>-<10 hex of the node name's hash>-<job>``.
+and a pod network would only add the CNI plugins' setup to its start. Its name is
+unique per node and job (pod names are namespace-wide and one namespace holds the pods
+of every node): ``<prefix>-<10 hex of the node name's hash>-<job>``.
 
 :class:`NodePods` creates, lists (label selector and ``spec.nodeName`` of this node),
 reads and deletes them through the plugin's :class:`~dra_driver.plugin.kubeclient.
