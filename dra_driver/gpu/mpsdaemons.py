@@ -283,14 +283,22 @@ class MpsDaemons:
         """Daemons of a claim (per-claim ids start with its prefix): by directory, and
         those the runner holds (a pod whose directory is gone)."""
         prefix = _claim_prefix(claim_uid)
-        return sorted(d for d in self._known() if d.startswith(prefix))
+        return sorted(d for d in self._known(strict=False) if d.startswith(prefix))
 
-    def _known(self) -> set[str]:
-        """Every daemon this node has a trace of: a directory or a runner's pod."""
+    def _known(self, *, strict: bool = True) -> set[str]:
+        """Every daemon this node has a trace of: a directory or a runner's pod. Not
+        ``strict``: when the runner cannot say (API server down), the directories only
+        (a pod without its directory waits for the next start's adoption)."""
         dirs = set()
         if self._root.is_dir():
             dirs = {p.name for p in self._root.iterdir() if p.is_dir() and is_mps_id(p.name)}
-        return dirs | {d for d in self._runner.present() if is_mps_id(d)}
+        try:
+            held = self._runner.present()
+        except ToolError:
+            if strict:
+                raise
+            held = set()
+        return dirs | {d for d in held if is_mps_id(d)}
 
     def adopt(
         self, owners: Mapping[str, str], must_run: Collection[str], log: logging.Logger

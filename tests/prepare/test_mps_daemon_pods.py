@@ -21,7 +21,7 @@ import pytest
 from dra_driver.devcluster import wait_until
 from dra_driver.gpu.mpsdaemons import MIB, MpsDaemons
 from dra_driver.gpu.preparing import ClaimPreparer
-from dra_driver.gpu.sharing import GpuCommands
+from dra_driver.gpu.sharing import GpuCommands, ToolError
 from dra_driver.mpspods import PodRunner
 from dra_driver.plugin.claims import PrepareError
 from tests.mpspods_kubelet import PodKubelet
@@ -252,3 +252,14 @@ def test_which_recorded_daemons_are_owned_and_which_must_run() -> None:
         "dddddddddddd": "gpu-4/shares",
     }
     assert must_run == {"aaaaaaaaaaaa"}
+
+
+def test_unpreparing_an_unknown_claim_needs_no_api_server(node: Node, tmp_path: Path) -> None:
+    """The kubelet's unprepare of a claim the checkpoint does not know looks for daemons
+    of that claim: with the API server down it still finishes (its directories say it
+    has none), as every unprepare of a claim without daemons did before daemon pods."""
+    with PodKubelet(tmp_path / "k") as gone:
+        r = runner(gone, node)
+    with pytest.raises(ToolError):
+        r.present()  # the server is down
+    node.preparer(mps_runner=r).unprepare(mps_claim().ref)  # type: ignore[attr-defined]
