@@ -207,11 +207,15 @@ class MpsSlotsStrategy:
     # -- one claim's slot ---------------------------------------------------------------
 
     def apply(self, unit: Unit, steps: Steps) -> None:
-        """Nothing of its own; a daemon that died since is started again (same limits)."""
-        if not self._daemons.running(recorded_id(unit.record)):
+        """Nothing of its own; a daemon that died since is started again (same limits),
+        from a clean directory (what it left, a stale control pipe, goes first). Claims
+        already prepared keep their mounts of the old directory and must be recreated."""
+        daemon_id = recorded_id(unit.record)
+        if not self._daemons.running(daemon_id):
             uuid = str(unit.record["gpu"])
+            self._daemons.tear_down(daemon_id, steps.done)
             self._daemons.bring_up(
-                recorded_id(unit.record),
+                daemon_id,
                 [uuid],
                 active_thread_percentage=int(unit.record["activeThreadPercentage"]),
                 pinned_memory={uuid: int(unit.record["memoryMiB"]) * MIB},
