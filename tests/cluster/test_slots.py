@@ -53,7 +53,9 @@ def slot(
 ) -> None:
     """A claim for a slot (any GPU of ``node`` split into 4, by the CEL attribute) and a
     pod using it."""
-    cel = f"device.attributes['{DRIVER}'].mpsSlots == 4"
+    attrs = f"device.attributes['{DRIVER}']"
+    # A GPU without the attribute: "in" first (a missing key is an error, not false).
+    cel = f"'mpsSlots' in {attrs} && {attrs}.mpsSlots == 4"
     exactly: dict[str, Any] = {"deviceClassName": GPU, "selectors": [{"cel": {"expression": cel}}]}
     if capacity:
         exactly["capacity"] = {"requests": capacity}

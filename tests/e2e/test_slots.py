@@ -58,10 +58,8 @@ def slot_pod(node: RealGpuNode, ns: str, name: str) -> list[dict[str, Any]]:
     """A claim for one slot of gpu-0 (no capacity requested: the policy's one slot) and a
     pod that prints what it got and then acts as a client asking for more than a slot."""
     uuid = device_attributes(node, "gpu-0")["uuid"]
-    cel = (
-        f"device.attributes['gpu.nvidia.com'].uuid == '{uuid}' && "
-        "device.attributes['gpu.nvidia.com'].mpsSlots == 4"
-    )
+    attrs = "device.attributes['gpu.nvidia.com']"
+    cel = f"{attrs}.uuid == '{uuid}' && 'mpsSlots' in {attrs} && {attrs}.mpsSlots == 4"
     claim = {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaim",
