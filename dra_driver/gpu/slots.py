@@ -16,8 +16,9 @@ claim must be exactly one slot, which the published request policies make so:
     100; policy ``validValues`` = ``default`` = [floor(100 / N)].
 
 plus the int attribute ``mpsSlots: N`` for CEL selectors
-(``'mpsSlots' in device.attributes["gpu.nvidia.com"]``; other GPUs lack it). A claim that asks for no
-capacity gets the default: one slot, not the whole GPU. N + 1 slots never fit:
+(``'mpsSlots' in device.attributes["gpu.nvidia.com"]``; other GPUs lack it). A claim
+that asks for no capacity gets the default: one slot, not the whole GPU. N + 1 slots
+never fit:
 memory alone makes sure of it, and a GPU too small for that (less than N(N+1)
 MiB) is not split (:meth:`Slot.exact`; said at start). The ``multiprocessors``
 capacity is left off as on every consumable GPU.
