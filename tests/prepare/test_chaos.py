@@ -229,6 +229,8 @@ class Chaos:
         self.worker: Worker | None = None
         self.stats: Counter[str] = Counter()
         self.history: deque[str] = deque(maxlen=12)
+        self.most_together: Counter[str] = Counter()
+        """Claim name prefix (``share``, ``slot``) -> most claims of it prepared at once."""
 
     def start(self, kills: bool = True) -> Worker:
         """A new plugin process, perhaps killed during its recovery (then started again)."""
@@ -282,6 +284,9 @@ class Chaos:
         if op == "prepare":
             assert reply["devices"] == [d.device for d in self.claims[name].devices]
         self.model[name] = PREPARED if op == "prepare" else UNPREPARED
+        together = Counter(n.split("-")[0] for n, known in self.model.items() if known == PREPARED)
+        for kind, count in together.items():
+            self.most_together[kind] = max(self.most_together[kind], count)
         assert_consistent(self.node, self.record, self.model, self.claims)
 
     def finish(self) -> None:
@@ -330,5 +335,7 @@ def test_random_sigkills_leave_nothing_behind(tmp_path: Path, variant: str) -> N
             for pid in node.live_daemons():
                 os.kill(pid, signal.SIGKILL)
     print(f"chaos seed {seed}: {dict(chaos.stats)}")
+    shared = "slot" if variant == "slots" else "share"  # one GPU's shares or slots, together
+    assert chaos.most_together[shared] >= 2, f"seed {seed}: {dict(chaos.most_together)}"
     fired = {k.split(" at ")[-1] for k in chaos.stats if k.startswith("killed")}
     assert set(KILL_RANGE) <= fired, f"seed {seed}: kill points never hit: {chaos.stats}"
