@@ -191,6 +191,7 @@ def say_fractional(
 ) -> None:
     """At start: what the two flags make of this node's GPUs."""
     if consumable:
-        say_consumable(consumable, inventory, log)
+        split = frozenset(g.uuid for g in inventory.gpus if slot_of(g, slots) is not None)
+        say_consumable(consumable, inventory, log, split)
     if slots:
         say_slots(slots, consumable, inventory, log)

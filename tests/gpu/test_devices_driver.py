@@ -225,3 +225,5 @@ def test_slot_gpus_are_published_and_what_is_not_split_is_said_at_start(
         f"{first.uuid} is selected by --consumable-gpus and --mps-slots: it is published as "
         "4 slots" in warnings
     )
+    # Its only consumable GPU is split into slots: no "cannot enforce shares" warning.
+    assert not [w for w in warnings if "cannot enforce fractional shares" in w]
