@@ -289,6 +289,7 @@ def _gpu_driver(
         registry=registry if settings.metrics else None,
         mig_mode=gpu.mig_mode,
         consumable=gpu.consumable,
+        mps_slots=gpu.mps_slots,
         cdi_hook=HookPlacement(
             path=gpu.cdi_hook_path, local=gpu.cdi_hook_local_path, source=gpu.cdi_hook_source
         ),

@@ -21,7 +21,7 @@ from dra_driver.envflags import env_name
 from dra_driver.errors import DriverError
 
 if TYPE_CHECKING:
-    from dra_driver.gpu.consumable import ConsumableGpus
+    from dra_driver.gpu.consumable import ConsumableGpus, MpsSlots
     from dra_driver.gpu.devices import NumaAttributeForm
     from dra_driver.gpu.healthpolicy import HealthPolicy
     from dra_driver.gpu.partitions import MigMode
@@ -71,6 +71,8 @@ class GpuSettings:
     """Seconds between per-claim usage samples (with metrics); 0: off."""
     consumable: ConsumableGpus
     """Full GPUs published for sharing by many claims (consumable capacity)."""
+    mps_slots: MpsSlots
+    """GPUs split into N equal MPS slots, enforced by one daemon per GPU before r615."""
     cdi_hook_path: Path
     """Where the container runtime runs NVIDIA's ``nvidia-cdi-hook`` (CDI specs name it)."""
     cdi_hook_local_path: Path
@@ -231,6 +233,7 @@ def daemon_settings(args: argparse.Namespace) -> DaemonSettings:
         health_policy=health_policy(args),
         usage_interval_s=_interval("usage-interval", args.usage_interval, 0.1, 3600, off=True),
         consumable=args.consumable_gpus,
+        mps_slots=args.mps_slots,
         cdi_hook_path=_cdi_hook_path(args, driver),
         cdi_hook_local_path=args.cdi_hook_local_path or _cdi_hook_path(args, driver),
         cdi_hook_source=_cdi_hook_source(args),

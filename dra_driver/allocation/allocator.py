@@ -12,16 +12,16 @@ counters, taints, constraints.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
 from dra_driver.allocation import capacity as cap
+from dra_driver.allocation.constraints import ConstraintState, taint_blocks
 from dra_driver.allocation.inventory import AllocationFailed, Inventory
 from dra_driver.allocation.model import (
     ALLOCATION_RESULTS_MAX,
     Claim,
-    Constraint,
     Device,
     DeviceClass,
     DeviceId,
@@ -32,8 +32,6 @@ from dra_driver.allocation.pools import Pool, device_on_node
 from dra_driver.allocation.state import AllocatedState, add_consumption, remove_consumption
 from dra_driver.quantity import Quantity
 
-_BLOCKING_EFFECTS = ("NoSchedule", "NoExecute")
-
 
 @dataclass(frozen=True)
 class Choice:
@@ -42,45 +40,6 @@ class Choice:
     device: Device
     consumed: Mapping[str, Quantity] | None = None
     """Capacity consumed on a shared (allowMultipleAllocations) device."""
-
-
-def lookup_attribute(device: Device, driver: str, name: str) -> Mapping[str, Any] | None:
-    attrs = device.raw.get("attributes") or {}
-    if name in attrs:
-        return attrs[name]  # type: ignore[no-any-return]
-    domain, sep, ident = name.partition("/")
-    if sep and domain == driver and ident in attrs:
-        return attrs[ident]  # type: ignore[no-any-return]
-    return None
-
-
-def taint_blocks(device: Device, request: Request) -> bool:
-    return any(
-        t.effect in _BLOCKING_EFFECTS and not any(tol.tolerates(t) for tol in request.tolerations)
-        for t in device.taints
-    )
-
-
-@dataclass
-class _ConstraintState:
-    spec: Constraint
-    values: list[Mapping[str, Any]] = field(default_factory=list)
-
-    def add(self, request: Request, driver: str, device: Device) -> bool | None:
-        """True/False: added/refused; None: does not apply to this request."""
-        if not self.spec.applies(request):
-            return None
-        name = self.spec.match_attribute or self.spec.distinct_attribute
-        value = lookup_attribute(device, driver, name)
-        if value is None:
-            return False
-        if self.spec.match_attribute:
-            if self.values and dict(value) != dict(self.values[0]):
-                return False
-        elif any(dict(value) == dict(v) for v in self.values):
-            return False
-        self.values.append(value)
-        return True
 
 
 @dataclass
@@ -110,7 +69,7 @@ class Attempt:
         self.claims = claims
         self.pools = inventory.pools(node)
         self.reqs: dict[tuple[int, int, int], _Req] = {}
-        self.constraints: list[list[_ConstraintState]] = []
+        self.constraints: list[list[ConstraintState]] = []
         self.allocating: dict[DeviceId, set[int]] = {}
         self.allocating_capacity: dict[DeviceId, dict[str, Fraction]] = {}
         self.consumed_counters: dict[str, dict[str, dict[str, Fraction]]] = {}
@@ -136,7 +95,7 @@ class Attempt:
                         f"{min_req} devices exceeds the claim limit of {ALLOCATION_RESULTS_MAX}"
                     )
                 min_claim += min_req or 0
-            self.constraints.append([_ConstraintState(c) for c in claim.constraints])
+            self.constraints.append([ConstraintState(c) for c in claim.constraints])
 
     def _request_data(self, claim: Claim, request: Request) -> _Req:
         cls = self.inv.classes.get(request.device_class)

@@ -19,7 +19,8 @@ from fractions import Fraction
 from typing import Any
 
 from dra_driver.allocation import capacity as cap
-from dra_driver.allocation.allocator import Attempt, Choice, lookup_attribute, taint_blocks
+from dra_driver.allocation.allocator import Attempt, Choice
+from dra_driver.allocation.constraints import lookup_attribute, taint_blocks
 from dra_driver.allocation.inventory import AllocationFailed, Inventory
 from dra_driver.allocation.model import Claim, Device, DeviceId, Node, Request
 from dra_driver.allocation.pools import Pool, device_on_node

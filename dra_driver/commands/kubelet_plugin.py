@@ -19,7 +19,7 @@ from pathlib import Path
 
 from dra_driver.commands import observability
 from dra_driver.commands.discover import add_host_arguments
-from dra_driver.commands.slices import consumable_gpus
+from dra_driver.commands.slices import consumable_gpus, mps_slots
 
 logger = logging.getLogger(__name__)
 
@@ -143,6 +143,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="full GPUs published for sharing by many claims (consumable capacity: memory and "
         "computeShare): none, all, or product names and GPU UUIDs separated by commas "
         "(default none)",
+    )
+    parser.add_argument(
+        "--mps-slots",
+        type=mps_slots,
+        default="none",
+        help="GPUs split into N equal MPS slots, each claim one slot, enforced by one MPS "
+        "daemon per GPU whose defaults are one slot (drivers before r615; from r615 a "
+        "daemon per claim): none, or <product name or GPU UUID>=<N> separated by commas, "
+        "N 2-64, e.g. 'NVIDIA L4=4,GPU-0c9f...=2'; a GPU named here and in "
+        "--consumable-gpus is split into slots (default none)",
     )
     parser.add_argument(
         "--rolling-update-uid",

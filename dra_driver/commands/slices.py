@@ -19,7 +19,7 @@ from dra_driver.commands.discover import add_host_arguments, gpu_host
 from dra_driver.settings import host_settings
 
 if TYPE_CHECKING:
-    from dra_driver.gpu.consumable import ConsumableGpus
+    from dra_driver.gpu.consumable import ConsumableGpus, MpsSlots
     from dra_driver.gpu.devices import NumaAttributeForm
     from dra_driver.gpu.inventory import Inventory
     from dra_driver.gpu.partitions import MigMode
@@ -67,6 +67,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="GPUs published for sharing: none, all, or product names and GPU UUIDs "
         "separated by commas (default none)",
     )
+    parser.add_argument(
+        "--mps-slots",
+        type=mps_slots,
+        default="none",
+        help="GPUs split into N equal MPS slots: none, or <product name or GPU UUID>=<N> "
+        "separated by commas, N 2-64 (default none)",
+    )
     add_host_arguments(parser)
     parser.add_argument(
         "-o", "--output", choices=("yaml", "json"), default="yaml", help="default %(default)s"
@@ -83,6 +90,16 @@ def consumable_gpus(text: str) -> ConsumableGpus:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def mps_slots(text: str) -> MpsSlots:
+    """argparse type of ``--mps-slots``."""
+    from dra_driver.gpu.consumable import MpsSlots
+
+    try:
+        return MpsSlots.parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def resource_slices(
     inventory: Inventory,
     *,
@@ -94,11 +111,12 @@ def resource_slices(
     numa_attribute_form: NumaAttributeForm = "scalar",
     mig_mode: MigMode = "static",
     consumable: ConsumableGpus | None = None,
+    slots: MpsSlots | None = None,
 ) -> list[dict[str, Any]]:
     """The ResourceSlice objects for ``inventory``; raises SliceValidationError if invalid."""
-    from dra_driver.gpu.consumable import ConsumableGpus
+    from dra_driver.gpu.consumable import ConsumableGpus, MpsSlots
     from dra_driver.gpu.devices import build_pool
-    from dra_driver.gpu.shares import consumable_pool
+    from dra_driver.gpu.slots import fractional_pool
     from dra_driver.plugin.slices import slice_object, split_pool, validate_names, validate_pool
 
     validate_names(driver_name, node_name)
@@ -109,7 +127,7 @@ def resource_slices(
         numa_attribute_form=numa_attribute_form,
         mig_mode=mig_mode,
     )
-    pool = consumable_pool(pool, inventory, consumable or ConsumableGpus())
+    pool = fractional_pool(pool, inventory, consumable or ConsumableGpus(), slots or MpsSlots())
     validate_pool(pool)
     contents = split_pool(pool)
     objects = [
@@ -147,6 +165,7 @@ def run(args: argparse.Namespace) -> int:
             numa_attribute_form=args.numa_attribute_form,
             mig_mode=args.mig_mode,
             consumable=args.consumable_gpus,
+            slots=args.mps_slots,
         )
     except (SliceValidationError, FileExistsError) as exc:
         print(f"dra-driver slices: {exc}", file=sys.stderr)

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from dra_driver.demo.chart import find_helm
+from dra_driver.demo.describe import gpu_commands, spec_summary
 from dra_driver.demo.pluginimage import build as build_image
 from dra_driver.demo.pluginimage import image_cache
 from dra_driver.demo.realgpu import RealGpuNode, keep_running
@@ -338,7 +339,7 @@ class _Walkthrough:
                      a.get("uuid", {}).get("string", "")]  # fmt: skip
             out(f"      {dev['device']}: {', '.join(f for f in facts if f)}")
         uid = claim["uid"]
-        for command in self._gpu_commands(node, claim, attrs):
+        for command in gpu_commands(node, claim, attrs):
             out(f"    sharing set up by our plugin: {command}")
         specs = {n: s for n, s in node.cdi_specs().items() if uid in n}
         for name, spec in specs.items():
@@ -347,48 +348,8 @@ class _Walkthrough:
                 for line in json.dumps(spec, indent=2).splitlines():
                     out(f"      {line}")
             else:
-                self._summarize_spec(spec)
-
-    @staticmethod
-    def _gpu_commands(
-        node: RealGpuNode, claim: dict[str, Any], attrs: dict[str, dict[str, Any]]
-    ) -> list[str]:
-        """GPU tool invocations for this claim's devices (emulated tools record them)."""
-        record = node.host_root / "emulation" / "tools.jsonl"
-        if not record.exists():
-            return []
-        uuids = {attrs.get(d["device"], {}).get("uuid", {}).get("string") for d in claim["devices"]}
-        uuids.discard(None)
-        commands = []
-        for line in record.read_text().splitlines():
-            call = json.loads(line)
-            if call.get("tool") == "mps-daemon" or "argv" not in call:
-                continue
-            words = [call["tool"], *call["argv"]]
-            env = call.get("env", {})
-            mine = any(u in words or u == env.get("CUDA_VISIBLE_DEVICES") for u in uuids)
-            if mine or claim["uid"] in env.get("CUDA_MPS_PIPE_DIRECTORY", ""):
-                stdin = call.get("stdin", "").strip().replace("\n", "; ")
-                commands.append(" ".join(words) + (f" <<< {stdin!r}" if stdin else ""))
-        return commands
-
-    def _summarize_spec(self, spec: dict[str, Any]) -> None:
-        out = self.out
-        out(f"      cdiVersion {spec['cdiVersion']}, kind {spec['kind']}")
-        for dev in spec["devices"]:
-            edits = dev["containerEdits"]
-            parts = [f"{n['path']} (c {n.get('major')}:{n.get('minor')})"
-                     for n in edits.get("deviceNodes", [])]  # fmt: skip
-            parts += edits.get("env", [])
-            parts += [f"mount {m['containerPath']}" for m in edits.get("mounts", [])]
-            out(f"      device {dev['name']}: {'; '.join(parts)}")
-        common = spec.get("containerEdits", {})
-        nodes = ", ".join(n["path"] for n in common.get("deviceNodes", []))
-        mounts = common.get("mounts", [])
-        libs = [Path(m["containerPath"]).name for m in mounts]
-        out(f"      every container using it also gets: env {', '.join(common.get('env', []))}; "
-            f"device nodes {nodes}; {len(mounts)} read-only driver files "
-            f"({', '.join(libs[:3])}{', ...' if len(libs) > 3 else ''})")  # fmt: skip
+                for line in spec_summary(spec):
+                    out(line)
 
     def _event(self, cluster: Cluster, pod: str) -> dict[str, Any] | None:
         deadline = time.monotonic() + 10

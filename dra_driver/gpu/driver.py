@@ -6,10 +6,9 @@ never mutated), derives the published pool from it, and delegates claims to
 :class:`~dra_driver.gpu.preparing.ClaimPreparer`, which reads the same
 inventory through a callable so a prepare always sees the latest discovery.
 
-Re-discovery (:meth:`refresh`) keeps the previous inventory when discovery as
-a whole fails (NVML briefly unavailable must not empty the pool); a GPU that
-is gone simply is not in the new inventory, so it leaves the pool with the
-next slice generation.
+Re-discovery (:meth:`refresh`) keeps the previous inventory when discovery as a whole
+fails (NVML briefly unavailable must not empty the pool); a GPU that is gone simply is
+not in the new inventory, so it leaves the pool with the next slice generation.
 
 Health: with a :class:`~dra_driver.gpu.healthpolicy.HealthPolicy` the driver runs a
 :class:`~dra_driver.gpu.monitor.HealthMonitor` in the background (started by
@@ -37,7 +36,7 @@ from prometheus_client import CollectorRegistry
 
 from dra_driver.errors import DriverError
 from dra_driver.gpu import cdihook
-from dra_driver.gpu.consumable import ConsumableGpus
+from dra_driver.gpu.consumable import ConsumableGpus, MpsSlots
 from dra_driver.gpu.devices import NumaAttributeForm, build_pool
 from dra_driver.gpu.devicestatus import device_status
 from dra_driver.gpu.discovery import DiscoveryError
@@ -52,8 +51,8 @@ from dra_driver.gpu.nvml import Nvml
 from dra_driver.gpu.nvmlmonitor import CallObserver
 from dra_driver.gpu.partitions import MigMode, OwnedInstance
 from dra_driver.gpu.preparing import ClaimPreparer
-from dra_driver.gpu.shares import consumable_pool, say_consumable
 from dra_driver.gpu.sharing import GpuTools
+from dra_driver.gpu.slots import fractional_pool, say_fractional
 from dra_driver.gpu.strategies.dynamicmig import owned_by
 from dra_driver.gpu.usage import UsageCollector, UsageSampler, targets_for
 from dra_driver.plugin.backend import DeviceHealth
@@ -94,6 +93,7 @@ class GpuDriver:
         registry: CollectorRegistry | None = None,
         mig_mode: MigMode = "static",
         consumable: ConsumableGpus | None = None,
+        mps_slots: MpsSlots | None = None,
         cdi_hook: cdihook.HookPlacement | None = None,
         stop_wait_s: float | None = None,
         mps_runner: DaemonRunner | None = None,
@@ -107,14 +107,13 @@ class GpuDriver:
         ``nvml_observer`` and ``health_events`` receive the monitor's NVML calls and
         what it saw (metrics). With a ``registry``, per-claim GPU usage is sampled every
         ``usage_interval_s`` (0: never) once the plugin hands over its prepared claims.
-        ``consumable``: the GPUs published for sharing (``--consumable-gpus``,
-        :mod:`dra_driver.gpu.shares`). ``cdi_hook``: where NVIDIA's ``nvidia-cdi-hook`` goes
+        ``consumable``, ``mps_slots``: GPUs shared (``--consumable-gpus``, ``--mps-slots``;
+        :mod:`dra_driver.gpu.slots`). ``cdi_hook``: where NVIDIA's ``nvidia-cdi-hook`` goes
         on the host and where it comes from (installed now; None: the specs name the
         toolkit's ``/usr/bin/nvidia-cdi-hook`` and nothing is installed or checked).
         ``stop_wait_s``: how long :meth:`stop_background` waits for the health monitor's
-        NVML event waits (None: all of them; the daemon, about to exit, waits 0.1 s).
-        ``mps_runner``: what starts MPS daemons (None: this process, as its children).
-        """
+        NVML event waits (None: all; the daemon, about to exit, waits 0.1 s). ``mps_runner``:
+        what starts MPS daemons (None: this process, as its children)."""
         self._driver_name = driver_name
         self._pool_name = pool_name
         self._discover = discover
@@ -123,6 +122,7 @@ class GpuDriver:
         self._numa_form: NumaAttributeForm = numa_attribute_form
         self._mig_mode: MigMode = mig_mode
         self._consumable = consumable or ConsumableGpus()
+        self._slots = mps_slots or MpsSlots()
         self._lock = threading.Lock()
         self._stop_wait_s = stop_wait_s
         self._monitor = (
@@ -164,8 +164,7 @@ class GpuDriver:
         self._hook_problem = ""
         self._place_hook()
         self._inventory = discover()
-        if self._consumable:
-            say_consumable(self._consumable, self._inventory, logger)
+        say_fractional(self._consumable, self._slots, self._inventory, logger)
         self._preparer = ClaimPreparer(
             driver_name=driver_name,
             inventory=self.inventory,
@@ -178,6 +177,7 @@ class GpuDriver:
             cdi_hook=cdi_hook.path if cdi_hook is not None else cdihook.TOOLKIT_HOOK,
             mig_instances=self._mig,
             on_state_problem=self._state_changed,
+            mps_slots=self._slots,
             mps_runner=mps_runner,
         )
         self._pool = self._build(self._inventory, self._health)
@@ -222,7 +222,7 @@ class GpuDriver:
             mig_mode=self._mig_mode,
             owned=self._owned,
         )
-        pool = consumable_pool(pool, inventory, self._consumable)
+        pool = fractional_pool(pool, inventory, self._consumable, self._slots)
         if not self._state_problem:
             return pool
         # Claims cannot be prepared here until the checkpoint is fixed: keep the
@@ -312,7 +312,7 @@ class GpuDriver:
 
     def _sharing(self) -> dict[str, str]:
         names = {"MPS": "mps", "TimeSlicing": "time-slicing", "MpsShares": "mps",
-                 "TimeSlicedShares": "time-slicing"}  # fmt: skip
+                 "MpsSlots": "mps", "TimeSlicedShares": "time-slicing"}  # fmt: skip
         return {uid: names.get(s, "exclusive") for uid, s in self._preparer.strategies().items()}
 
     def watch_claims(self, claims: Callable[[], list[PreparedClaim]]) -> None:

@@ -17,6 +17,7 @@ from dra_driver.gpu.inventory import Gpu, Inventory, MigInstance
 from dra_driver.gpu.naming import devices_by_name, gpu_name_of
 from dra_driver.gpu.partitions import MigPartition
 from dra_driver.gpu.strategies.base import (
+    ClaimCheck,
     SharedResources,
     SharingStrategy,
     Strategies,
@@ -121,6 +122,7 @@ def _units(
     strategies: Strategies,
 ) -> list[Unit]:
     groups: dict[tuple[str, str], tuple[SharingStrategy, DeviceConfig, list[Target]]] = {}
+    checked: dict[str, tuple[ClaimCheck, list[Target]]] = {}
     for target in targets:
         if target.admin_access:
             continue  # monitoring access to a device in use: device nodes only, no changes
@@ -133,6 +135,10 @@ def _units(
                 )
                 if target not in members:
                     members.append(target)
+                if isinstance(strategy, ClaimCheck):
+                    checked.setdefault(strategy.name, (strategy, []))[1].append(target)
+    for check, wanted in checked.values():
+        check.check_claim(wanted)
     units: list[Unit] = []
     changed: dict[str, Unit] = {}
     origins: dict[int, str] = {}

@@ -47,6 +47,7 @@ from dra_driver.gpu.checkpoint import (
     DeviceRecord,
     SharedEntry,
 )
+from dra_driver.gpu.consumable import MpsSlots
 from dra_driver.gpu.files import NodeLocks
 from dra_driver.gpu.hostpaths import HostPaths
 from dra_driver.gpu.inventory import Inventory
@@ -97,12 +98,13 @@ class ClaimPreparer(Unpreparer):
         gpu_lock_timeout_s: float = 30.0,
         on_step: Callable[[str], None] | None = None,
         on_state_problem: Callable[[], None] | None = None,
+        mps_slots: MpsSlots | None = None,
         mps_runner: DaemonRunner | None = None,
     ) -> None:
         """``strategies`` defaults to the built-in ones (:func:`strategies.builtin.builtin`), with
-        dynamic MIG when ``mig_instances`` is given. ``on_state_problem`` is called when
-        :meth:`state_problem` changes. ``mps_runner`` starts MPS daemons (None: as this
-        process's children)."""
+        dynamic MIG when ``mig_instances`` is given and MPS slots on the GPUs ``mps_slots``
+        selects. ``on_state_problem`` is called when :meth:`state_problem` changes.
+        ``mps_runner`` starts MPS daemons (None: as this process's children)."""
         self.kind = cdi.claim_kind(driver_name)
         cdi.validate_kind(self.kind)
         self._inventory = inventory
@@ -124,7 +126,7 @@ class ClaimPreparer(Unpreparer):
         self._strategies = (
             strategies
             if strategies is not None
-            else builtin(commands, daemons, inventory, mig_instances)
+            else builtin(commands, daemons, inventory, mig_instances, mps_slots)
         )
         self._catalogs = bool(self._strategies.catalogs())
         self._on_step = on_step or (lambda _name: None)

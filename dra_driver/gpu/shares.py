@@ -188,9 +188,19 @@ def can_enforce(driver_version: str) -> bool:
     return driver_branch(driver_version) >= ENFORCING_DRIVER
 
 
-def say_consumable(selection: ConsumableGpus, inventory: Inventory, log: logging.Logger) -> None:
-    """At start: what sharing will be on this node, so an admin sees it before a claim fails."""
-    shared = [g.uuid for g in inventory.gpus if not g.mig_enabled and selection.selects(g)]
+def say_consumable(
+    selection: ConsumableGpus,
+    inventory: Inventory,
+    log: logging.Logger,
+    slot_gpus: frozenset[str] = frozenset(),
+) -> None:
+    """At start: what sharing will be on this node, so an admin sees it before a claim fails.
+    ``slot_gpus``: UUIDs split into MPS slots instead (:mod:`dra_driver.gpu.slots`)."""
+    shared = [
+        g.uuid
+        for g in inventory.gpus
+        if not g.mig_enabled and selection.selects(g) and g.uuid not in slot_gpus
+    ]
     unmatched = selection.unmatched(inventory)
     if unmatched:
         log.warning(

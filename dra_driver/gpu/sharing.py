@@ -85,6 +85,16 @@ class GpuCommands:
     def set_compute_mode(self, uuid: str, mode: str) -> None:
         self.run([str(self._tools.nvidia_smi), "-i", uuid, "-c", mode])
 
+    def compute_mode(self, uuid: str) -> str:
+        """The GPU's compute mode now, as ``nvidia-smi -c`` takes it (``DEFAULT``,
+        ``EXCLUSIVE_PROCESS``, ``PROHIBITED``); ToolError for anything else."""
+        argv = [str(self._tools.nvidia_smi), "-i", uuid, "--query-gpu=compute_mode"]
+        out = self.run([*argv, "--format=csv,noheader"]).strip()
+        mode = out.upper().replace(" ", "_")
+        if mode not in ("DEFAULT", "EXCLUSIVE_PROCESS", "PROHIBITED"):
+            raise ToolError(f"{' '.join(argv)}: unexpected compute mode {out!r}")
+        return mode
+
     def set_timeslice(self, uuid: str, value: int) -> None:
         self.run(
             [

@@ -28,7 +28,6 @@ Every write is read back: a field we sent that the server did not store
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -44,11 +43,15 @@ from dra_driver.plugin.kubeclient import (
     Watch,
 )
 from dra_driver.plugin.resources import Pool
+from dra_driver.plugin.slicediff import (
+    content_to_api_view,
+    dropped_fields,
+    has_list_attributes,
+    plan_sync,
+    written_fingerprint,
+)
 from dra_driver.plugin.slices import (
     SliceValidationError,
-    slice_index,
-    slice_name,
-    slice_object,
     split_pool,
     validate_names,
     validate_pool,
@@ -68,32 +71,6 @@ class PublishStatus:
     slice_count: int = 0
     last_error: str = ""
     dropped_fields: tuple[str, ...] = ()
-
-
-def dropped_fields(sent: Any, stored: Any, path: str = "") -> set[str]:
-    """Paths (list indices shown as ``[]``) present in ``sent`` but absent in ``stored``."""
-    out: set[str] = set()
-    if isinstance(sent, dict) and isinstance(stored, dict):
-        for key, value in sent.items():
-            sub = f"{path}.{key}" if path else key
-            if key not in stored:
-                out.add(sub)
-            else:
-                out |= dropped_fields(value, stored[key], sub)
-    elif isinstance(sent, list) and isinstance(stored, list):
-        for a, b in zip(sent, stored, strict=False):
-            out |= dropped_fields(a, b, f"{path}[]")
-        if len(stored) < len(sent):
-            out.add(f"{path}[]")
-    return out
-
-
-def _device_names(obj: Obj) -> list[str]:
-    return [str(d.get("name")) for d in obj.get("spec", {}).get("devices") or []]
-
-
-def _fingerprint(obj: Any) -> str:
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"))
 
 
 class SlicePublisher:
@@ -283,7 +260,7 @@ class SlicePublisher:
 
     def _up_to_date(self, have: Obj, want: Obj) -> bool:
         meta = have.get("metadata", {})
-        fp = _fingerprint(want["spec"]) + _fingerprint(want["metadata"]["ownerReferences"])
+        fp = written_fingerprint(want)
         written = self._written.get(str(meta.get("name")))
         if written is not None and written == (meta.get("resourceVersion"), fp):
             return True
@@ -300,70 +277,32 @@ class SlicePublisher:
         pool = self._pool_source()
         validate_pool(pool)
         contents = split_pool(pool)
-        n = len(contents)
         uid = self._owner_uid()
         items: list[Obj] = self._client.list_resource_slices(self._selector).get("items") or []
-
-        existing: dict[int, Obj] = {}
-        obsolete: list[Obj] = []
-        for s in items:
-            name = str(s["metadata"]["name"])
-            idx = slice_index(name)
-            if (
-                idx is None
-                or idx >= n
-                or idx in existing
-                or name != slice_name(self._driver, self._node, idx)
-            ):
-                obsolete.append(s)
-            else:
-                existing[idx] = s
-        gens = {int(s["spec"]["pool"].get("generation", 0)) for s in items}
-        current = max(gens | {self._generation})
-
-        def desired(gen: int) -> list[Obj]:
-            return [
-                slice_object(
-                    driver=self._driver,
-                    node_name=self._node,
-                    node_uid=uid,
-                    index=i,
-                    generation=gen,
-                    count=n,
-                    content=c,
-                )
-                for i, c in enumerate(contents)
-            ]
-
-        want = desired(current)
-        stale = [i for i in existing if not self._up_to_date(existing[i], want[i])]
-        missing = [i for i in range(n) if i not in existing]
-        if not stale and not missing and not obsolete:
+        plan = plan_sync(
+            items,
+            contents,
+            driver=self._driver,
+            node=self._node,
+            node_uid=uid,
+            generation=self._generation,
+            up_to_date=self._up_to_date,
+        )
+        current, n = plan.generation, plan.count
+        if plan.in_sync:
             self._generation = current
             self._set_status(in_sync=True, generation=current, slice_count=n, last_error="")
             return
-        if (
-            not missing
-            and not obsolete
-            and len(stale) == 1
-            and gens == {current}
-            and _device_names(existing[stale[0]]) == _device_names(want[stale[0]])
-        ):
-            to_update = stale
-        else:
-            current += 1
-            want = desired(current)
-            to_update = sorted(existing)
         self._log.info(
             "publishing pool generation %d in %d slice(s): %d update(s), %d create(s), "
             "%d delete(s)",
             current,
             n,
-            len(to_update),
-            len(missing),
-            len(obsolete),
+            len(plan.update),
+            len(plan.create),
+            len(plan.delete),
         )
-        for s in obsolete:
+        for s in plan.delete:
             meta = s["metadata"]
             self._client.delete_resource_slice(
                 meta["name"], uid=meta.get("uid"), resource_version=meta.get("resourceVersion")
@@ -372,12 +311,10 @@ class SlicePublisher:
             if (m := self.metrics) is not None:
                 m.write("delete")
         dropped: set[str] = set()
-        for i in to_update:
-            obj = want[i]
-            obj["metadata"]["resourceVersion"] = existing[i]["metadata"]["resourceVersion"]
+        for obj in plan.update:
             dropped |= self._write(obj, create=False)
-        for i in missing:
-            dropped |= self._write(want[i], create=True)
+        for obj in plan.create:
+            dropped |= self._write(obj, create=True)
         self._generation = current
         if dropped:
             self._log.error(
@@ -404,7 +341,7 @@ class SlicePublisher:
                 self._written_cond.notify_all()
 
     def _write_one(self, obj: Obj, *, create: bool) -> set[str]:
-        fp = _fingerprint(obj["spec"]) + _fingerprint(obj["metadata"]["ownerReferences"])
+        fp = written_fingerprint(obj)
         try:
             if create:
                 stored = self._client.create_resource_slice(obj)
@@ -418,7 +355,7 @@ class SlicePublisher:
         except KubeApiError as exc:
             if exc.status == 422:
                 hint = ""
-                if "must specify one of" in exc.message and _has_list_attributes(obj):
+                if "must specify one of" in exc.message and has_list_attributes(obj):
                     hint = (
                         " (list-typed attributes need the DRAListTypeAttributes feature gate; "
                         "without it the API server drops their values)"
@@ -443,19 +380,4 @@ class SlicePublisher:
         return len(items)
 
 
-def _has_list_attributes(obj: Obj) -> bool:
-    lists = ("ints", "bools", "strings", "versions")
-    return any(
-        key in value
-        for d in obj.get("spec", {}).get("devices") or []
-        for value in (d.get("attributes") or {}).values()
-        for key in lists
-    )
-
-
-def content_to_api_view(spec: Obj) -> Obj:
-    """The content part of a spec, for comparing what is stored with what we want."""
-    return {k: spec[k] for k in ("devices", "sharedCounters") if spec.get(k)}
-
-
-__all__ = ["PublishStatus", "SlicePublisher", "dropped_fields"]
+__all__ = ["PublishStatus", "SlicePublisher"]

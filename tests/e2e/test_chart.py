@@ -140,6 +140,21 @@ def test_consumable_gpus_reach_the_plugin_through_its_env(
     assert args.consumable_gpus == ConsumableGpus(names=frozenset({"NVIDIA L4"}))
 
 
+def test_mps_slots_reach_the_plugin_through_its_env(helm: Path) -> None:
+    from dra_driver.cli import build_parser
+    from dra_driver.gpu.consumable import MpsSlots
+
+    (container,) = daemonset(render(helm))["spec"]["template"]["spec"]["containers"]
+    assert {e["name"]: e.get("value") for e in container["env"]}["DRA_MPS_SLOTS"] == "none"
+    rendered = render(helm, "--set-string", "mpsSlots=NVIDIA L4=4\\,GPU-1=2")
+    (container,) = daemonset(rendered)["spec"]["template"]["spec"]["containers"]
+    value = {e["name"]: e.get("value", "") for e in container["env"]}["DRA_MPS_SLOTS"]
+    args = build_parser(environ={"DRA_MPS_SLOTS": value}).parse_args(
+        ["kubelet-plugin", "--node-name=n"]
+    )
+    assert args.mps_slots == MpsSlots(counts=(("NVIDIA L4", 4), ("GPU-1", 2)))
+
+
 def test_cdi_hook_values_reach_the_plugin_s_settings(helm: Path) -> None:
     """Default: the image's hook copied under the kubelet's plugins dir (mounted at the
     same path). An administrator's own (the toolkit's /usr/bin/nvidia-cdi-hook): its dir

@@ -23,7 +23,8 @@ from dra_driver.devcluster import Cluster, wait_until
 from dra_driver.devcluster.binaries import NodeBinaries
 from dra_driver.gpu.emulation import load_profile
 from dra_driver.gpu.emulation.hosttree import ci_cap_minor, gi_cap_minor
-from dra_driver.gpu.emulation.migstate import STATE_FILE, MigState, gi_id_for
+from dra_driver.gpu.emulation.migrules import gi_id_for
+from dra_driver.gpu.emulation.migstate import STATE_FILE, MigState
 from tests.e2e.conftest import real_gpu_node
 from tests.e2e.scenarios import (
     EXAMPLES,

@@ -195,3 +195,35 @@ def test_consumable_gpus_are_published_and_what_cannot_work_is_said_at_start(
         "config asks for advisory time-slicing (sharing.strategy: TimeSlicing); whole-GPU "
         "claims are unaffected",
     ]
+
+
+def test_slot_gpus_are_published_and_what_is_not_split_is_said_at_start(
+    make_node, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from dra_driver.gpu.consumable import ConsumableGpus, MpsSlots
+
+    node = make_node("l4-x4")
+    with node.nvml(), caplog.at_level(logging.INFO, logger=LOG.name):
+        inventory = discover(node.host, LOG)
+        first = inventory.gpus[0]
+        tools = gputools.install(node.bin_dir, tmp_path / "tools.jsonl")
+        driver = GpuDriver(
+            driver_name="gpu.nvidia.com", discover=lambda: discover(node.host, LOG),
+            host=node.host, cdi_dir=tmp_path / "cdi", state_dir=tmp_path / "state",
+            tools=GpuTools(nvidia_smi=tools["nvidia-smi"],
+                           mps_control=tools["nvidia-cuda-mps-control"]),
+            logger=LOG, pool_name="node-a", health_policy=None,
+            consumable=ConsumableGpus(names=frozenset({first.uuid})),
+            mps_slots=MpsSlots.parse(f"{first.uuid}=4,NVIDIA T4=2"),
+        )  # fmt: skip
+        slots = {d.name: d.attributes.get("mpsSlots") for d in driver.pool().devices}
+        assert slots == {f"gpu-{g.minor}": (4 if g is first else None) for g in inventory.gpus}
+        assert driver.refresh() is False  # stays split across re-discoveries
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert "--mps-slots names no GPU of this node: NVIDIA T4; this node has NVIDIA L4" in warnings
+    assert (
+        f"{first.uuid} is selected by --consumable-gpus and --mps-slots: it is published as "
+        "4 slots" in warnings
+    )
+    # Its only consumable GPU is split into slots: no "cannot enforce shares" warning.
+    assert not [w for w in warnings if "cannot enforce fractional shares" in w]

@@ -51,6 +51,22 @@ def test_consumable_gpus_match_the_api_schema(
 
 
 @pytest.mark.parametrize("version", VERSIONS)
+def test_slot_gpus_match_the_api_schema(make_node, discover_node, version: str) -> None:
+    from dra_driver.gpu.consumable import MpsSlots
+
+    slices = resource_slices(
+        discover_node(make_node("l4-x4")),
+        driver_name="gpu.nvidia.com",
+        node_name="node-a",
+        slots=MpsSlots.parse("NVIDIA L4=4"),
+    )
+    devices = [d for s in slices for d in s["spec"]["devices"]]
+    assert devices and all(d["attributes"]["mpsSlots"] == {"int": 4} for d in devices)
+    for obj in slices:
+        assert kubernetes_validate.validate(obj, version, strict=True) == version
+
+
+@pytest.mark.parametrize("version", VERSIONS)
 def test_schema_check_is_not_a_no_op(make_node, discover_node, version: str) -> None:
     (obj,) = resource_slices(
         discover_node(make_node("t4")), driver_name="gpu.nvidia.com", node_name="n"

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from dra_driver.plugin.publishing import dropped_fields
 from dra_driver.plugin.resources import (
     Capacity,
     CounterConsumption,
@@ -14,6 +13,7 @@ from dra_driver.plugin.resources import (
     Pool,
     Version,
 )
+from dra_driver.plugin.slicediff import dropped_fields
 from dra_driver.plugin.slices import (
     SliceValidationError,
     device_to_api,

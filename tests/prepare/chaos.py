@@ -3,7 +3,9 @@ prepare and unprepare calls on stdin and can be told to SIGKILL itself, with its
 at a chosen point of a call.
 
 Usage: ``python -m tests.prepare.chaos <node root> [<kill>]``, started in its own
-session (process group). It opens the node, runs :meth:`ClaimPreparer.recover` (what
+session (process group), with ``DRA_CHAOS_VARIANT`` ``shares`` (the default: an r615
+driver, enforced shares of gpu-2) or ``slots`` (driver 580, gpu-2 split into four MPS
+slots; :func:`claims_for`). It opens the node, runs :meth:`ClaimPreparer.recover` (what
 the plugin does at start; ``<kill>`` is a kill point inside it), answers
 ``{"ready": true}`` and then one JSON line per request line::
 
@@ -41,11 +43,13 @@ from dra_driver.gpu import files, sharing
 from dra_driver.plugin.claims import Claim, PrepareError
 from tests.prepare.hosttree import (
     ENFORCING_VERSION,
+    SLOTS,
     claim,
     gpu_config,
     make_node,
     open_node,
     share_claim,
+    slot_claim,
 )
 from tests.prepare.hosttree import Node as HostNode
 
@@ -115,11 +119,29 @@ CLAIMS: dict[str, Claim] = {
 }
 
 
-def open_chaos_node(root: Path, *, create: bool = False) -> HostNode:
-    """The 12-GPU hand-built node (gpu-7 in static MIG mode, unused here) on an r615
-    driver, so that shares are enforced with MPS."""
+SLOT_CLAIMS: dict[str, Claim] = {
+    # MPS slots of gpu-2 (four fit), from four namespaces: one daemon for all of them,
+    # the GPU EXCLUSIVE_PROCESS while any is prepared.
+    f"slot-{i}": slot_claim(_uid(0x30 + i), namespace=f"team-{i}", name=f"slot-{i}")
+    for i in (1, 2, 3, 4)
+}
+VARIANTS = ("shares", "slots")
+
+
+def claims_for(variant: str) -> dict[str, Claim]:
+    """``shares``: :data:`CLAIMS`; ``slots``: the same with gpu-2's enforced shares (which
+    need r615) replaced by :data:`SLOT_CLAIMS`."""
+    if variant == "slots":
+        return {**{k: v for k, v in CLAIMS.items() if not k.startswith("share-")}, **SLOT_CLAIMS}
+    return CLAIMS
+
+
+def open_chaos_node(root: Path, *, create: bool = False, variant: str = "shares") -> HostNode:
+    """The 12-GPU hand-built node (gpu-7 in static MIG mode, unused here): on an r615
+    driver, so that shares are enforced with MPS, or (``slots``) on the 580 driver."""
     node = make_node(root, gpus=GPUS) if create else open_node(root, gpus=GPUS)
-    node.inventory = dataclasses.replace(node.inventory, driver_version=ENFORCING_VERSION)
+    if variant == "shares":
+        node.inventory = dataclasses.replace(node.inventory, driver_version=ENFORCING_VERSION)
     if create:
         Path(f"{node.record}.delay").write_text(str(TOOL_DELAY_S))
     return node
@@ -191,10 +213,14 @@ class _Subprocess:
 
 
 def main() -> None:
-    node = open_chaos_node(Path(sys.argv[1]))
+    variant = os.environ.get("DRA_CHAOS_VARIANT", "shares")
+    node = open_chaos_node(Path(sys.argv[1]), variant=variant)
+    claims = claims_for(variant)
     killer = _Killer()
     _install_hooks(killer)
-    preparer = node.preparer(on_step=lambda _name: killer.point("step"))
+    preparer = node.preparer(
+        on_step=lambda _name: killer.point("step"), mps_slots=SLOTS if variant == "slots" else None
+    )
     out = sys.stdout
     killer.arm(json.loads(sys.argv[2]) if len(sys.argv) > 2 else None)
     preparer.recover()
@@ -203,7 +229,7 @@ def main() -> None:
     out.flush()
     for line in sys.stdin:
         request = json.loads(line)
-        target = CLAIMS[request["claim"]]
+        target = claims[request["claim"]]
         killer.arm(request.get("kill"))
         reply: dict[str, Any] = {"ok": True}
         try:

@@ -1,12 +1,13 @@
 """Run one prepare or unprepare in a child process and SIGKILL it after step N.
 
-Usage: ``python -m tests.prepare.crashing <node root> prepare|unprepare [share]``
+Usage: ``python -m tests.prepare.crashing <node root> prepare|unprepare [share|slot]``
 with ``DRA_TEST_CLAIM=sharing|exclusive`` (:func:`crash_claim`) and
 ``DRA_TEST_KILL_AT=N`` (counted from the first step of that call; 0 or unset: no
 kill). ``unprepare`` prepares the claim first (not counted), then unprepares it.
 Without a kill the step names of the call are printed, one per line. ``share``:
 the claim is :data:`SHARE_CLAIM`, an enforced share of gpu-2 on an r615 driver,
-instead of :func:`crash_claim`.
+instead of :func:`crash_claim`; ``slot``: :data:`SLOT_CLAIM`, one MPS slot of gpu-2
+(split by :data:`~tests.prepare.hosttree.SLOTS`) on the 580 driver.
 """
 
 from __future__ import annotations
@@ -18,11 +19,20 @@ import sys
 from pathlib import Path
 
 from dra_driver.plugin.claims import ClaimRef
-from tests.prepare.hosttree import ENFORCING_VERSION, claim, gpu_config, open_node, share_claim
+from tests.prepare.hosttree import (
+    ENFORCING_VERSION,
+    SLOTS,
+    claim,
+    gpu_config,
+    open_node,
+    share_claim,
+    slot_claim,
+)
 
 CRASH_UID = "0a1b2c3d-0000-4000-8000-00000000dead"
 CRASH_REF = ClaimRef("ns", "c1", CRASH_UID)
 SHARE_CLAIM = share_claim(CRASH_UID, namespace="team-a", name="c1", memory="30Gi", compute="25")
+SLOT_CLAIM = slot_claim(CRASH_UID, namespace="team-a", name="c1")
 
 
 def crash_claim(kind: str = "sharing"):  # type: ignore[no-untyped-def]
@@ -46,10 +56,12 @@ def crash_claim(kind: str = "sharing"):  # type: ignore[no-untyped-def]
 def main() -> None:
     node = open_node(Path(sys.argv[1]))
     call = sys.argv[2]
-    shares = sys.argv[3:] == ["share"]
-    if shares:
+    mode = sys.argv[3] if len(sys.argv) > 3 else ""
+    if mode == "share":
         node.inventory = dataclasses.replace(node.inventory, driver_version=ENFORCING_VERSION)
-    prepared = SHARE_CLAIM if shares else crash_claim(os.environ.get("DRA_TEST_CLAIM", "sharing"))
+    prepared = {"share": SHARE_CLAIM, "slot": SLOT_CLAIM}.get(mode) or crash_claim(
+        os.environ.get("DRA_TEST_CLAIM", "sharing")
+    )
     kill_at = int(os.environ.get("DRA_TEST_KILL_AT", "0"))
     steps: list[str] = []
     counting = False
@@ -61,7 +73,7 @@ def main() -> None:
         if len(steps) == kill_at:
             os.kill(os.getpid(), signal.SIGKILL)
 
-    preparer = node.preparer(on_step=on_step)
+    preparer = node.preparer(on_step=on_step, mps_slots=SLOTS if mode == "slot" else None)
     if call == "unprepare":
         preparer.prepare(prepared)
         counting = True

@@ -14,6 +14,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dra_driver.gpu.consumable import MpsSlots
 from dra_driver.gpu.emulation import gputools
 from dra_driver.gpu.hostpaths import HostPaths
 from dra_driver.gpu.inventory import Gpu, Inventory, MigInstance, MigPlacement, MigProfile, PciInfo
@@ -283,4 +284,30 @@ def share_claim(
             ),
         ),
         configs=tuple(configs or ()),
+    )
+
+
+SLOT_GPU = "GPU-00000002-1111-2222-3333-444444444444"
+SLOTS = MpsSlots.parse(f"{SLOT_GPU}=4")
+"""gpu-2 (80 GiB) split into 4 MPS slots of 20 GiB and 25 % (``--mps-slots``)."""
+
+
+def slot_claim(
+    uid: str,
+    *,
+    namespace: str = "ns",
+    name: str = "slot",
+    device: str = "gpu-2",
+    configs: list[OpaqueConfig] | None = None,
+) -> Claim:
+    """A claim holding one slot of a :data:`SLOTS` GPU, as the scheduler allocates it (the
+    policy's default: the claim asks for no capacity)."""
+    return share_claim(
+        uid,
+        namespace=namespace,
+        name=name,
+        device=device,
+        memory="20Gi",
+        compute="25",
+        configs=configs,
     )

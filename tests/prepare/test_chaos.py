@@ -1,6 +1,7 @@
 """Seeded chaos: hundreds of prepare and unprepare calls on an emulated 12-GPU node with
 slow tools (exclusive, time-slicing, MPS, both in one claim, enforced MPS shares of one
-GPU, time-sliced shares of another), a plugin process SIGKILLed with its tools at random
+GPU, time-sliced shares of another; in the ``slots`` variant, on a 580 driver, MPS slots of
+one GPU instead of the enforced shares), a plugin process SIGKILLed with its tools at random
 points of calls and of its start-up recovery, and restarted at random. After every call
 and every restart, what runs on the node is what the checkpoint says; at the end every
 claim is unprepared and nothing is left: no spec, entry, daemon, directory, mount, temp
@@ -24,7 +25,10 @@ from collections import Counter, deque
 from pathlib import Path
 from typing import IO, Any
 
-from tests.prepare.chaos import CLAIMS, open_chaos_node
+import pytest
+
+from dra_driver.plugin.claims import Claim
+from tests.prepare.chaos import VARIANTS, claims_for, open_chaos_node
 from tests.prepare.hosttree import Node
 
 REPO = Path(__file__).parents[2]
@@ -45,7 +49,7 @@ class Died(Exception):
 class Worker:
     """One plugin process (:mod:`tests.prepare.chaos`) in its own process group."""
 
-    def __init__(self, root: Path, log: IO[str], kill: dict[str, Any] | None) -> None:
+    def __init__(self, root: Path, log: IO[str], kill: dict[str, Any] | None, variant: str) -> None:
         argv = [sys.executable, "-m", "tests.prepare.chaos", str(root)]
         self.proc = subprocess.Popen(
             argv + ([json.dumps(kill)] if kill else []),
@@ -54,7 +58,7 @@ class Worker:
             stderr=log,
             text=True,
             cwd=REPO,
-            env={**os.environ, "PYTHONPATH": str(REPO)},
+            env={**os.environ, "PYTHONPATH": str(REPO), "DRA_CHAOS_VARIANT": variant},
             start_new_session=True,
         )
         self.read()  # {"ready": true} once recovery is done
@@ -137,6 +141,8 @@ class ToolRecord:
                 self.calls += 1
             if call["tool"] != "nvidia-smi":
                 continue
+            if argv[:1] == ["-i"] and argv[2] != "-c":  # -i <uuid> --query-gpu=...
+                continue
             if argv[:1] == ["-i"]:  # -i <uuid> -c <mode>
                 self.told[argv[1]] = (argv[3], self.told.get(argv[1], ("DEFAULT", "0"))[1])
             else:  # compute-policy -i <uuid> --set-timeslice <n>
@@ -158,20 +164,22 @@ def checkpoint(node: Node) -> dict[str, Any]:
     return data
 
 
-def assert_consistent(node: Node, record: ToolRecord, model: dict[str, str]) -> dict[str, Any]:
+def assert_consistent(
+    node: Node, record: ToolRecord, model: dict[str, str], claims: dict[str, Claim]
+) -> dict[str, Any]:
     """What runs on the node is what the checkpoint says, and the checkpoint agrees with
     what the calls answered (``model``: claim name -> what its last call said)."""
     cp = checkpoint(node)
     record.update()
-    claims, shared = cp["claims"], cp["shared"]
-    assert {u: e["state"] for u, e in claims.items() if e["state"] != "Prepared"} == {}
+    entries, shared = cp["claims"], cp["shared"]
+    assert {u: e["state"] for u, e in entries.items() if e["state"] != "Prepared"} == {}
     for name, known in model.items():
-        uid = CLAIMS[name].uid
+        uid = claims[name].uid
         if known != INTERRUPTED:
-            assert (uid in claims) == (known == PREPARED), f"{name} is {known} by its last call"
+            assert (uid in entries) == (known == PREPARED), f"{name} is {known} by its last call"
     specs = {p.name for p in node.cdi_dir.iterdir()} if node.cdi_dir.exists() else set()
-    assert specs == {f"k8s.gpu.nvidia.com-claim_{uid}.json" for uid in claims}
-    units = [u for e in claims.values() for u in e["units"]]
+    assert specs == {f"k8s.gpu.nvidia.com-claim_{uid}.json" for uid in entries}
+    units = [u for e in entries.values() for u in e["units"]]
     daemon_dirs = {str(node.state_dir / "mps" / u["record"]["daemonId"]) for u in units
                    if "daemonId" in u["record"]}  # fmt: skip
     assert record.daemon_dirs() == daemon_dirs, "live MPS daemons"
@@ -197,8 +205,8 @@ def assert_consistent(node: Node, record: ToolRecord, model: dict[str, str]) -> 
     return cp
 
 
-def assert_nothing_left(node: Node, record: ToolRecord) -> None:
-    cp = assert_consistent(node, record, dict.fromkeys(CLAIMS, UNPREPARED))
+def assert_nothing_left(node: Node, record: ToolRecord, claims: dict[str, Claim]) -> None:
+    cp = assert_consistent(node, record, dict.fromkeys(claims, UNPREPARED), claims)
     assert cp["claims"] == {} and cp["shared"] == {}
     assert node.live_daemons() == [] and node.mounts() == []
     assert not (node.state_dir / "mps").exists() or list((node.state_dir / "mps").iterdir()) == []
@@ -213,13 +221,16 @@ def kill_point(rng: random.Random) -> dict[str, Any]:
 
 
 class Chaos:
-    def __init__(self, node: Node, seed: int, log: IO[str]) -> None:
+    def __init__(self, node: Node, seed: int, log: IO[str], variant: str) -> None:
+        self.variant, self.claims = variant, claims_for(variant)
         self.node, self.rng, self.log = node, random.Random(seed), log
-        self.model = dict.fromkeys(CLAIMS, UNPREPARED)
+        self.model = dict.fromkeys(self.claims, UNPREPARED)
         self.record = ToolRecord(node)
         self.worker: Worker | None = None
         self.stats: Counter[str] = Counter()
         self.history: deque[str] = deque(maxlen=12)
+        self.most_together: Counter[str] = Counter()
+        """Claim name prefix (``share``, ``slot``) -> most claims of it prepared at once."""
 
     def start(self, kills: bool = True) -> Worker:
         """A new plugin process, perhaps killed during its recovery (then started again)."""
@@ -228,14 +239,16 @@ class Chaos:
             self.history.append(f"start, kill in recovery at {kill}")
             self.stats["starts"] += 1
             try:
-                worker = Worker(self.node.root, self.log, kill)
+                worker = Worker(self.node.root, self.log, kill, self.variant)
             except Died:
                 self.stats[f"killed in recovery at {kill and kill['at']}"] += 1
                 continue
-            cp = assert_consistent(self.node, self.record, self.model)
+            cp = assert_consistent(self.node, self.record, self.model, self.claims)
             for name, known in self.model.items():  # what recovery made of interrupted calls
                 if known == INTERRUPTED:
-                    self.model[name] = PREPARED if CLAIMS[name].uid in cp["claims"] else UNPREPARED
+                    self.model[name] = (
+                        PREPARED if self.claims[name].uid in cp["claims"] else UNPREPARED
+                    )
             return worker
 
     def step(self) -> None:
@@ -247,7 +260,7 @@ class Chaos:
             self.worker.kill() if how == "sigkill" else self.worker.stop()
             self.worker = None
             return
-        name = self.rng.choice(sorted(CLAIMS))
+        name = self.rng.choice(sorted(self.claims))
         if self.model[name] == PREPARED:
             op = "unprepare" if self.rng.random() < 0.7 else "prepare"
         else:
@@ -269,16 +282,19 @@ class Chaos:
             assert self.record.update().calls == tool_calls, "a prepared claim was prepared again"
             self.stats["repeated prepare"] += 1
         if op == "prepare":
-            assert reply["devices"] == [d.device for d in CLAIMS[name].devices]
+            assert reply["devices"] == [d.device for d in self.claims[name].devices]
         self.model[name] = PREPARED if op == "prepare" else UNPREPARED
-        assert_consistent(self.node, self.record, self.model)
+        together = Counter(n.split("-")[0] for n, known in self.model.items() if known == PREPARED)
+        for kind, count in together.items():
+            self.most_together[kind] = max(self.most_together[kind], count)
+        assert_consistent(self.node, self.record, self.model, self.claims)
 
     def finish(self) -> None:
         """Unprepare every claim, then start once more a minute later (temp files of
         killed checkpoint writes go then): nothing may be left."""
         if self.worker is None:
             self.worker = self.start(kills=False)
-        for name in sorted(CLAIMS):
+        for name in sorted(self.claims):
             self.history.append(f"final unprepare {name}")
             assert self.worker.call({"op": "unprepare", "claim": name})["ok"], name
         self.worker.stop()
@@ -287,22 +303,23 @@ class Chaos:
         for tmp in self.node.state_dir.glob("*.tmp"):
             os.utime(tmp, (old, old))
             self.stats["checkpoint temp files left by kills"] += 1
-        self.model = dict.fromkeys(CLAIMS, UNPREPARED)
+        self.model = dict.fromkeys(self.claims, UNPREPARED)
         self.start(kills=False).stop()
-        assert_nothing_left(self.node, self.record)
+        assert_nothing_left(self.node, self.record, self.claims)
 
     def close(self) -> None:
         if self.worker is not None:
             self.worker.kill()
 
 
-def test_random_sigkills_leave_nothing_behind(tmp_path: Path) -> None:
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_random_sigkills_leave_nothing_behind(tmp_path: Path, variant: str) -> None:
     seed = int(os.environ.get("DRA_CHAOS_SEED") or random.SystemRandom().randrange(1 << 32))
     ops = int(os.environ.get("DRA_CHAOS_OPS", "300"))
-    node = open_chaos_node(tmp_path / "node", create=True)
+    node = open_chaos_node(tmp_path / "node", create=True, variant=variant)
     log_path = tmp_path / "plugin.log"
     with log_path.open("w") as log:
-        chaos = Chaos(node, seed, log)
+        chaos = Chaos(node, seed, log, variant)
         try:
             for _ in range(ops):
                 chaos.step()
@@ -318,5 +335,7 @@ def test_random_sigkills_leave_nothing_behind(tmp_path: Path) -> None:
             for pid in node.live_daemons():
                 os.kill(pid, signal.SIGKILL)
     print(f"chaos seed {seed}: {dict(chaos.stats)}")
+    shared = "slot" if variant == "slots" else "share"  # one GPU's shares or slots, together
+    assert chaos.most_together[shared] >= 2, f"seed {seed}: {dict(chaos.most_together)}"
     fired = {k.split(" at ")[-1] for k in chaos.stats if k.startswith("killed")}
     assert set(KILL_RANGE) <= fired, f"seed {seed}: kill points never hit: {chaos.stats}"

@@ -19,6 +19,14 @@ Slow tools: if ``<record>.delay`` holds a number of seconds, every invocation
 sleeps that long before it acts (a real ``nvidia-smi`` takes 50-500 ms), and
 records ``start``/``end`` times (``time.time()``) so tests can see overlap.
 
+Compute modes: ``nvidia-smi -i <uuid> -c <mode>`` keeps the mode in
+``<record>.mode.<uuid>``, which ``nvidia-smi -i <uuid> --query-gpu=compute_mode
+--format=csv,noheader`` reads back (``Default`` when never set).
+
+MPS limits and clients: the daemon remembers its default limits and serves an
+emulation-only client protocol through the same ``control`` FIFO, so a shell in
+a container can act as a CUDA client (:mod:`~dra_driver.gpu.emulation.mpsclients`).
+
 Faults: if ``<record>.fail`` exists, any invocation whose space-joined argv
 contains one of its lines exits 1 with a message, like a failing tool.
 
@@ -30,6 +38,7 @@ call is in flight (to SIGKILL it there).
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import signal
@@ -41,6 +50,7 @@ from typing import Any
 NVIDIA_SMI = "nvidia-smi"
 MPS_CONTROL = "nvidia-cuda-mps-control"
 COMPUTE_MODES = ("DEFAULT", "EXCLUSIVE_PROCESS", "PROHIBITED", "0", "2", "3")
+_MODE_NAMES = {"0": "DEFAULT", "2": "PROHIBITED", "3": "EXCLUSIVE_PROCESS"}
 
 _WRAPPER = """#!{python}
 # Emulated {tool}: written by dra_driver.gpu.emulation.gputools.install
@@ -137,7 +147,7 @@ def main(tool: str, record_path: str, argv: list[str]) -> int:
         print(f"{tool}: injected failure ({pattern})", file=sys.stderr)
         return 1
     if tool == NVIDIA_SMI:
-        return _nvidia_smi(argv)
+        return _nvidia_smi(record, argv)
     if argv == ["-d"]:
         return _start_daemon(record)
     if argv == ["-f"]:
@@ -148,9 +158,20 @@ def main(tool: str, record_path: str, argv: list[str]) -> int:
     return _send_commands(stdin)
 
 
-def _nvidia_smi(argv: list[str]) -> int:
+def _nvidia_smi(record: Path, argv: list[str]) -> int:
     if len(argv) == 4 and argv[0] == "-i" and argv[2] == "-c" and argv[3] in COMPUTE_MODES:
-        print(f"Set compute mode to {argv[3]} for GPU {argv[1]}.")
+        mode = _MODE_NAMES.get(argv[3], argv[3])
+        kept = Path(f"{record}.mode.{argv[1]}")
+        kept.with_name(kept.name + ".tmp").write_text(mode)
+        kept.with_name(kept.name + ".tmp").replace(kept)
+        print(f"Set compute mode to {mode} for GPU {argv[1]}.")
+        return 0
+    if argv[:1] == ["-i"] and argv[2:] == ["--query-gpu=compute_mode", "--format=csv,noheader"]:
+        try:
+            mode = Path(f"{record}.mode.{argv[1]}").read_text()
+        except FileNotFoundError:
+            mode = "DEFAULT"
+        print(mode.title())  # Default, Exclusive_Process, Prohibited
         return 0
     if (
         len(argv) == 5
@@ -216,6 +237,7 @@ def _daemon_loop(record: Path, control: Path, log_dir: Path, ready_w: int | None
     )
     with (log_dir / "control.log").open("a") as logf:
         logf.write(f"[{time.time():.3f}] emulated MPS control daemon {os.getpid()} started\n")
+    clients = _load_clients().Daemon(pipe_dir, os.environ.get("CUDA_VISIBLE_DEVICES", ""))
     if ready_w is not None:
         os.write(ready_w, b"1")
         os.close(ready_w)
@@ -233,10 +255,22 @@ def _daemon_loop(record: Path, control: Path, log_dir: Path, ready_w: int | None
                 if not command:
                     continue
                 _append(record, {"tool": "mps-daemon", "pid": os.getpid(), "command": command})
+                clients.handle(command)
                 if command == "quit":
                     marker.unlink(missing_ok=True)
                     control.unlink(missing_ok=True)
                     return
+
+
+def _load_clients() -> Any:
+    """:mod:`.mpsclients`, loaded by path like this module (no package import)."""
+    path = Path(__file__).with_name("mpsclients.py")
+    spec = importlib.util.spec_from_file_location("mpsclients", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["mpsclients"] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
 
 
 def _send_commands(stdin: str) -> int:

@@ -8,7 +8,8 @@ the emulated root (``emulation/mig-state.json``), changed under an exclusive
 plugin under test, a restarted plugin, the test itself) reads the same
 instances. Without a file (a bare library in a unit test) they live in memory.
 
-Placement rules, as NVML applies them (``docs/nvml.md``):
+Placement rules, as NVML applies them (NVIDIA's NVML API reference and the
+MIG user guide; the data and codes are in :mod:`~dra_driver.gpu.emulation.migrules`):
 
 * a GI takes the memory slices ``[start, start + size)`` of one of its
   profile's possible placements; overlapping an existing GI, or exceeding the
@@ -41,147 +42,28 @@ import os
 import threading
 import uuid as uuidlib
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from dra_driver.gpu.emulation.hardware import EmulatedGpu, EmulatedMigProfile, EmulatedProfile
 from dra_driver.gpu.emulation.hosttree import remove_mig_caps, write_mig_caps
+from dra_driver.gpu.emulation.migrules import (
+    CI_SLICES_BY_PROFILE,
+    ERROR_IN_USE,
+    ERROR_INSUFFICIENT_RESOURCES,
+    ERROR_INVALID_ARGUMENT,
+    ERROR_NOT_SUPPORTED,
+    ComputeInstance,
+    GpuInstance,
+    MigDevice,
+    MigRuleError,
+    ci_profiles_for,
+    gi_id_for,
+    gi_json,
+    initial_instances,
+)
 from dra_driver.gpu.hostpaths import HostPaths
 
-# NVML return codes the rules produce (nvml.h).
-ERROR_INVALID_ARGUMENT = 2
-ERROR_NOT_SUPPORTED = 3
-ERROR_NOT_FOUND = 6
-ERROR_IN_USE = 19
-ERROR_INSUFFICIENT_RESOURCES = 23
-
 STATE_FILE = Path("emulation/mig-state.json")
-_GI_ID_BASE = {8: 0, 4: 1, 2: 3, 1: 7}
-# NVML_COMPUTE_INSTANCE_PROFILE_<n>_SLICE index (== profile id) by compute-slice count.
-CI_PROFILE_BY_SLICES = {1: 0, 2: 1, 3: 2, 4: 3, 7: 4, 8: 5, 6: 6}
-CI_SLICES_BY_PROFILE = {v: k for k, v in CI_PROFILE_BY_SLICES.items()}
-
-
-class MigRuleError(Exception):
-    """An NVML call breaks a placement rule; ``code`` is what NVML returns."""
-
-    def __init__(self, code: int, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-
-
-def gi_id_for(start: int, size: int) -> int:
-    """The GI ID NVML assigns to a placement (its node in the memory-slice tree)."""
-    return _GI_ID_BASE.get(size, 0) + start // max(size, 1)
-
-
-def ci_profiles_for(gi_slices: int) -> list[int]:
-    """CI profile IDs a GI with ``gi_slices`` compute slices offers (no 3-of-4 split)."""
-    return [
-        CI_PROFILE_BY_SLICES[s]
-        for s in sorted(CI_PROFILE_BY_SLICES)
-        if s <= gi_slices and not (gi_slices == 4 and s == 3)
-    ]
-
-
-@dataclass
-class ComputeInstance:
-    ci_id: int
-    profile_id: int
-    """CI profile ID (``NVML_COMPUTE_INSTANCE_PROFILE_<n>_SLICE``)."""
-    start: int
-    """First compute slice within the GI."""
-    uuid: str
-
-    @property
-    def slices(self) -> int:
-        return CI_SLICES_BY_PROFILE[self.profile_id]
-
-
-@dataclass
-class GpuInstance:
-    gi_id: int
-    profile: EmulatedMigProfile
-    start: int
-    cis: dict[int, ComputeInstance] = field(default_factory=dict)
-
-    @property
-    def memory_slices(self) -> set[int]:
-        return set(range(self.start, self.start + self.profile.placement_size))
-
-
-@dataclass(frozen=True)
-class MigDevice:
-    """One MIG device (a CI) as NVML's device queries see it."""
-
-    gpu: EmulatedGpu
-    gi: GpuInstance
-    ci: ComputeInstance
-
-    @property
-    def profile(self) -> EmulatedMigProfile:
-        return self.gi.profile
-
-    @property
-    def uuid(self) -> str:
-        return self.ci.uuid
-
-    @property
-    def gi_id(self) -> int:
-        return self.gi.gi_id
-
-    @property
-    def ci_id(self) -> int:
-        return self.ci.ci_id
-
-    @property
-    def start(self) -> int:
-        return self.gi.start
-
-    @property
-    def full(self) -> bool:
-        """The CI covers its whole GI (the MIG device has the GI profile's figures)."""
-        return self.ci.slices >= self.gi.profile.slices
-
-    @property
-    def name(self) -> str:
-        """Profile name as NVML prints it: ``3g.40gb``, or ``1c.3g.40gb`` for a smaller CI."""
-        p = self.gi.profile
-        return p.name if self.full else f"{self.ci.slices}c.{p.name}"
-
-    @property
-    def multiprocessors(self) -> int:
-        p = self.gi.profile
-        return p.multiprocessors if self.full else p.multiprocessors * self.ci.slices // p.slices
-
-
-def _initial(profile: EmulatedProfile) -> dict[int, dict[int, GpuInstance]]:
-    """The instances an administrator left in the profile (static MIG)."""
-    out: dict[int, dict[int, GpuInstance]] = {}
-    for gpu in profile.gpus:
-        gis: dict[int, GpuInstance] = {}
-        for m in gpu.mig_instances:
-            gis[m.gi_id] = GpuInstance(
-                gi_id=m.gi_id,
-                profile=m.profile,
-                start=m.start,
-                cis={
-                    m.ci_id: ComputeInstance(
-                        m.ci_id, CI_PROFILE_BY_SLICES[m.profile.slices], 0, m.uuid
-                    )
-                },
-            )
-        out[gpu.index] = gis
-    return out
-
-
-def _gi_json(gi: GpuInstance) -> dict[str, Any]:
-    cis = [
-        {"ciId": c.ci_id, "profileId": c.profile_id, "start": c.start, "uuid": c.uuid}
-        for c in gi.cis.values()
-    ]
-    return {"giId": gi.gi_id, "profileId": gi.profile.id, "start": gi.start, "cis": cis}
 
 
 class MigState:
@@ -200,7 +82,7 @@ class MigState:
         self.host = host
         self.device_node_delay = device_node_delay
         self._lock = threading.RLock()
-        self._gis = _initial(profile)
+        self._gis = initial_instances(profile)
         self._stamp: tuple[int, int, int] | None = None
         digest = hashlib.sha256(profile.source.encode()).hexdigest()[:16]
         self._identity = f"{profile.name}/{digest}"
@@ -235,7 +117,7 @@ class MigState:
         assert self.path is not None
         data = json.loads(self.path.read_text())
         if data.get("profile") != self._identity:  # another profile was emulated here before
-            self._gis = _initial(self.profile)
+            self._gis = initial_instances(self.profile)
             self._save()
             return
         gis: dict[int, dict[int, GpuInstance]] = {g.index: {} for g in self.profile.gpus}
@@ -254,7 +136,7 @@ class MigState:
 
     def _save(self) -> None:
         assert self.path is not None
-        gpus = {str(slot): [_gi_json(gi) for gi in gis.values()] for slot, gis in self._gis.items()}
+        gpus = {str(slot): [gi_json(gi) for gi in gis.values()] for slot, gis in self._gis.items()}
         tmp = self.path.with_suffix(".tmp")
         tmp.write_text(json.dumps({"profile": self._identity, "gpus": gpus}, indent=1) + "\n")
         tmp.replace(self.path)
@@ -279,7 +161,7 @@ class MigState:
     def reset(self) -> None:
         """Back to the profile's instances (what a reboot leaves, once tooling re-applies them)."""
         with self._lock:
-            self._gis = _initial(self.profile)
+            self._gis = initial_instances(self.profile)
             if self.path is not None:
                 with self._file_lock():
                     self._save()

@@ -17,13 +17,13 @@ from pathlib import Path
 from typing import Any
 
 from dra_driver.gpu.emulation.hardware import EmulatedGpu, EmulatedProfile
-from dra_driver.gpu.emulation.migstate import (
+from dra_driver.gpu.emulation.migrules import (
     ERROR_IN_USE,
     ERROR_INSUFFICIENT_RESOURCES,
     GpuInstance,
     MigDevice,
-    MigState,
 )
+from dra_driver.gpu.emulation.migstate import MigState
 from dra_driver.gpu.emulation.runtime import (
     EVENT_DOUBLE_BIT_ECC,
     EVENT_RECOVERY_ACTION,

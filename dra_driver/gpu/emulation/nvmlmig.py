@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from dra_driver.gpu.emulation.hardware import EmulatedGpu
-from dra_driver.gpu.emulation.migstate import (
+from dra_driver.gpu.emulation.migrules import (
     CI_SLICES_BY_PROFILE,
     ERROR_IN_USE,
     MigRuleError,

@@ -25,6 +25,9 @@ ordering, locks, checkpoint states and rollback; a strategy only:
   (:meth:`forget`) and, after a reboot, every file it keeps (:meth:`after_reboot`:
   hardware state is gone then, so no tool is run and no process signalled).
 
+A rule over a whole claim (at most one MPS slot) is the optional
+:class:`ClaimCheck` ability.
+
 Devices created at prepare (dynamic MIG's partitions) use two more optional
 abilities: :class:`DeviceCatalog` names them for planning, and
 :class:`Materializes` hands the CDI spec the device that ``apply`` created.
@@ -50,6 +53,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from dra_driver.gpu.cdi import ContainerEdits
 from dra_driver.gpu.config import DeviceConfig, DeviceType, SharingDecoder
+from dra_driver.gpu.consumable import MpsSlots
 from dra_driver.gpu.inventory import Gpu, Inventory, MigInstance
 from dra_driver.gpu.partitions import MigPartition
 
@@ -67,6 +71,8 @@ class NodeTools:
     inventory: Callable[[], Inventory]
     """The current discovery (share strategies map GPU names to UUIDs and read the
     driver version)."""
+    slots: MpsSlots = field(default_factory=MpsSlots)
+    """GPUs split into MPS slots (``--mps-slots``)."""
 
 
 @dataclass(frozen=True)
@@ -184,6 +190,16 @@ class SharedResources(Protocol):
     def release(self, key: str, record: Mapping[str, Any], steps: Steps) -> None:
         """Idempotent undo of :meth:`acquire`, from the record (possibly empty: the
         process died before acquire returned)."""
+        ...
+
+
+@runtime_checkable
+class ClaimCheck(Protocol):
+    """Optional ability: a rule over all of a claim's targets a strategy wants, whatever
+    config each came with (:meth:`SharingStrategy.plan` sees one config's targets)."""
+
+    def check_claim(self, targets: Sequence[Target]) -> None:
+        """Raises ``ConfigError`` when the claim cannot be prepared as a whole."""
         ...
 
 

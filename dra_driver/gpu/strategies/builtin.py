@@ -1,7 +1,8 @@
 """The built-in sharing strategies, registered in apply order (undo runs in reverse).
 
 Exclusive (no config), TimeSlicing, MPS (whole GPUs and MIG devices), MpsShares
-and TimeSlicedShares (fractional shares of consumable GPUs); first of all
+and TimeSlicedShares (fractional shares of consumable GPUs), MpsSlots (slots of GPUs
+split by ``--mps-slots`` on drivers before r615); first of all
 DynamicMIG when the node creates MIG instances at prepare. A new strategy is one
 module in this package, implementing :class:`~.base.SharingStrategy` with a
 constructor that takes :class:`~.base.NodeTools`, and one line in
@@ -13,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from dra_driver.gpu.config import SharingDecoder
+from dra_driver.gpu.consumable import MpsSlots
 from dra_driver.gpu.inventory import Inventory
 from dra_driver.gpu.miginstances import MigInstances
 from dra_driver.gpu.mpsdaemons import MpsDaemons
@@ -22,6 +24,7 @@ from dra_driver.gpu.strategies.dynamicmig import DynamicMigStrategy
 from dra_driver.gpu.strategies.exclusive import ExclusiveStrategy
 from dra_driver.gpu.strategies.mps import MpsStrategy
 from dra_driver.gpu.strategies.mpsshares import MpsSharesStrategy
+from dra_driver.gpu.strategies.mpsslots import MpsSlotsStrategy
 from dra_driver.gpu.strategies.timeslicedshares import TimeSlicedSharesStrategy
 from dra_driver.gpu.strategies.timeslicing import TimeSlicingStrategy
 
@@ -30,6 +33,7 @@ BUILTIN = (
     TimeSlicingStrategy,
     MpsStrategy,
     MpsSharesStrategy,
+    MpsSlotsStrategy,
     TimeSlicedSharesStrategy,
 )
 """The strategy classes, in apply order; each is built with the node's :class:`NodeTools`."""
@@ -45,10 +49,13 @@ def builtin(
     daemons: MpsDaemons,
     inventory: Callable[[], Inventory],
     mig: MigInstances | None = None,
+    slots: MpsSlots | None = None,
 ) -> Strategies:
     """``inventory``: the current discovery. With ``mig`` (``--mig-mode dynamic``) dynamic
     MIG comes first: its instances exist before anything else could act on them, and are
-    destroyed last."""
-    node = NodeTools(commands=commands, daemons=daemons, inventory=inventory)
+    destroyed last. ``slots``: the GPUs split into MPS slots (``--mps-slots``)."""
+    node = NodeTools(
+        commands=commands, daemons=daemons, inventory=inventory, slots=slots or MpsSlots()
+    )
     dynamic: list[SharingStrategy] = [DynamicMigStrategy(mig)] if mig is not None else []
     return Strategies([*dynamic, *(cls(node) for cls in BUILTIN)])

@@ -58,6 +58,7 @@ from dra_driver.gpu.shares import (
     share_of,
 )
 from dra_driver.gpu.sharing import GpuCommands, ToolError
+from dra_driver.gpu.slots import slot_target
 from dra_driver.gpu.strategies.base import NodeTools, Steps, Target, Unit
 from dra_driver.gpu.strategies.mps import NAME as MPS
 from dra_driver.gpu.strategies.mps import Mps
@@ -78,10 +79,17 @@ class MpsSharesStrategy:
         self._commands: GpuCommands = node.commands
         self._daemons: MpsDaemons = node.daemons
         self._inventory: Callable[[], Inventory] = node.inventory
+        self._slots = node.slots
 
     def wants(self, target: Target, config: DeviceConfig) -> bool:
+        """Fractional shares; a slot (``--mps-slots``) only where the driver enforces a
+        daemon per claim (else it is :mod:`.mpsslots`')."""
         sharing = config.sharing
-        return is_fractional(target) and (sharing is None or sharing.strategy == MPS)
+        if not is_fractional(target) or (sharing is not None and sharing.strategy != MPS):
+            return False
+        return slot_target(target, self._slots) is None or can_enforce(
+            self._inventory().driver_version
+        )
 
     def plan(self, claim_uid: str, targets: Sequence[Target], config: DeviceConfig) -> list[Unit]:
         if config.sharing is not None and config.sharing.settings != Mps():

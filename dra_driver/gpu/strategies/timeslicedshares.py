@@ -27,6 +27,7 @@ from dra_driver.gpu.inventory import Gpu, Inventory
 from dra_driver.gpu.naming import devices_by_name, gpu_name_of
 from dra_driver.gpu.shares import ShareError, is_fractional, share_of
 from dra_driver.gpu.sharing import GpuCommands, ToolError
+from dra_driver.gpu.slots import slot_target
 from dra_driver.gpu.strategies.base import NodeTools, Steps, Target, Unit
 from dra_driver.gpu.strategies.mpsshares import SHARED
 from dra_driver.gpu.strategies.timeslicing import NAME as TIME_SLICING
@@ -45,10 +46,17 @@ class TimeSlicedSharesStrategy:
     def __init__(self, node: NodeTools) -> None:
         self._commands: GpuCommands = node.commands
         self._inventory: Callable[[], Inventory] = node.inventory
+        self._slots = node.slots
 
     def wants(self, target: Target, config: DeviceConfig) -> bool:
+        """Not a slot (``--mps-slots``): its slots are enforced (:mod:`.mpsslots` refuses)."""
         sharing = config.sharing
-        return is_fractional(target) and sharing is not None and sharing.strategy == TIME_SLICING
+        return (
+            is_fractional(target)
+            and sharing is not None
+            and sharing.strategy == TIME_SLICING
+            and slot_target(target, self._slots) is None
+        )
 
     def plan(self, claim_uid: str, targets: Sequence[Target], config: DeviceConfig) -> list[Unit]:
         assert config.sharing is not None and isinstance(config.sharing.settings, TimeSlicing)
