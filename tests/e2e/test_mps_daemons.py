@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import statistics
 import threading
 import time
@@ -32,16 +33,19 @@ from dra_driver.devcluster.binaries import NodeBinaries
 from dra_driver.devcluster.node import NodeImage, parse_cri_log
 from tests.conftest import start_real_node
 from tests.e2e.helm import CHART
-from tests.e2e.scenarios import pids_alive, plugin_records, tool_calls
+from tests.e2e.scenarios import pids_alive, plugin_records
 from tests.e2e.shares import daemons
 
 CLIENT = (
-    f"echo $CUDA_MPS_PIPE_DIRECTORY; echo {DONE_MARKER}; "
-    'while true; do echo "ping $POD $(date +%s)" > $CUDA_MPS_PIPE_DIRECTORY/control; '
-    "sleep 0.2; done"
+    'P=$CUDA_MPS_PIPE_DIRECTORY; echo "client $POD - -" > $P/control; '
+    f"echo $P; echo {DONE_MARKER}; "
+    'while true; do echo "alloc $POD 1" > $P/control; sleep 0.2; done'
 )
-"""A client of its claim's daemon: a line into the control pipe every 200 ms (an open
-for writing blocks while no daemon holds the pipe)."""
+"""A CUDA client of its claim's daemon (the emulated daemon's client protocol,
+:mod:`dra_driver.gpu.emulation.mpsclients`): it connects without limits of its own,
+then allocates 1 MiB every 200 ms (an open of the pipe blocks while no daemon holds
+it); the daemon answers in ``clients/<pod>`` under the pipe dir."""
+LIMIT = "1Gi"
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +86,13 @@ def mps_objects(ns: str, name: str, node: str, pct: int) -> list[dict[str, Any]]
         "parameters": {
             "apiVersion": "resource.nvidia.com/v1beta1",
             "kind": "GpuConfig",
-            "sharing": {"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": pct}},
+            "sharing": {
+                "strategy": "MPS",
+                "mpsConfig": {
+                    "defaultActiveThreadPercentage": pct,
+                    "defaultPinnedDeviceMemoryLimit": LIMIT,
+                },
+            },
         },
     }
     claim = {
@@ -154,14 +164,32 @@ class Sampler:
         self._thread.join()
 
 
-def pings(node: RealGpuNodePod, pod: str, since: float) -> set[int]:
-    """PIDs of the daemons that received ``pod``'s lines sent after ``since`` (epoch s)."""
-    found = set()
-    for c in tool_calls(node):
-        words = str(c.get("command", "")).split()
-        if c.get("tool") == "mps-daemon" and words[:2] == ["ping", pod] and int(words[2]) > since:
-            found.add(int(c["pid"]))
-    return found
+def answer(node: RealGpuNodePod, client: str) -> dict[str, str]:
+    """The daemon's answer to ``client`` (``key=value`` lines), {} before the first."""
+    for found in (node.state_dir / "mps").glob(f"*/pipe/clients/{client}"):
+        with contextlib.suppress(OSError):
+            lines = found.read_text().splitlines()
+            return dict(line.split("=", 1) for line in lines if "=" in line)
+    return {}
+
+
+def allocating(node: RealGpuNodePod, client: str, pid: int, beyond: int) -> bool:
+    """``client`` allocated more than ``beyond`` MiB, all from daemon ``pid``."""
+    said = answer(node, client)
+    return said.get("daemon") == str(pid) and int(said.get("allocated_mib", 0)) > beyond
+
+
+def allocated(node: RealGpuNodePod, client: str) -> int:
+    return int(answer(node, client).get("allocated_mib", 0))
+
+
+def send(pipe_dir: Path, *lines: str) -> None:
+    """Lines into a daemon's control pipe, from the host (as a client would)."""
+    fd = os.open(pipe_dir / "control", os.O_WRONLY | os.O_NONBLOCK)
+    try:
+        os.write(fd, "".join(f"{line}\n" for line in lines).encode())
+    finally:
+        os.close(fd)
 
 
 def adoptions(node: RealGpuNodePod, pod_uid: str) -> list[str]:
@@ -220,14 +248,14 @@ def test_daemons_survive_plugin_sigkill_and_rolling_update(
     pids = set(before.values())
     assert all(node.pod_ready(p) or p["status"]["phase"] == "Running" for p in node.daemon_pods())
     assert {p["spec"]["nodeName"] for p in node.daemon_pods()} == {node.name}
-    start = time.time()
     wait_until(
-        lambda: all(pings(node, n, start) for n in names),
+        lambda: all(allocated(node, n) > 0 for n in names),
         timeout=15,
-        what="both clients reach their daemons",
+        what="both clients allocate through their daemons",
     )
-    served = {n: pings(node, n, start) for n in names}
-    assert set().union(*served.values()) == pids and all(len(v) == 1 for v in served.values())
+    served = {n: int(answer(node, n)["daemon"]) for n in names}
+    assert set(served.values()) == pids
+    assert {answer(node, n)["memory_limit_mib"] for n in names} == {"1024"}  # the claim's
     daemon_pod_uids = {p["metadata"]["uid"] for p in node.daemon_pods()}
     ids = sorted(Path(d).name for d in before)
 
@@ -247,11 +275,11 @@ def test_daemons_survive_plugin_sigkill_and_rolling_update(
             timeout=30,
             what="the restarted plugin adopted both daemons",
         )
-        killed = time.time()
+        now = {n: allocated(node, n) for n in names}
         wait_until(
-            lambda: all(pings(node, n, killed) == served[n] for n in names),
+            lambda: all(allocating(node, n, served[n], now[n]) for n in names),
             timeout=15,
-            what="clients still reach the same daemons after the SIGKILL",
+            what="clients still allocate through the same daemons after the SIGKILL",
         )
 
         # (b) Rolling update: a new plugin pod beside the old one (surge), then alone.
@@ -263,11 +291,11 @@ def test_daemons_survive_plugin_sigkill_and_rolling_update(
             timeout=30,
             what="the new plugin pod adopted both daemons",
         )
-        rolled = time.time()
+        now = {n: allocated(node, n) for n in names}
         wait_until(
-            lambda: all(pings(node, n, rolled) == served[n] for n in names),
+            lambda: all(allocating(node, n, served[n], now[n]) for n in names),
             timeout=15,
-            what="clients still reach the same daemons after the rolling update",
+            what="clients still allocate through the same daemons after the rolling update",
         )
     assert daemons(node) == before  # same daemons, same PIDs
     assert {p["metadata"]["uid"] for p in node.daemon_pods()} == daemon_pod_uids
@@ -279,6 +307,14 @@ def test_daemons_survive_plugin_sigkill_and_rolling_update(
         f"({sampler.period_s * 1000:.0f} ms apart)"
     )
     assert sampler.samples > 100 and sampler.longest_gap_s == 0.0
+    # The adopted daemons still hold the claims' limits: a new client gets 1 GiB, no more.
+    for d in before:
+        send(Path(d) / "pipe", "client probe - -", "alloc probe 2048")
+        wait_until(lambda: answer(node, "probe").get("last", "").startswith("out of memory"),
+                   timeout=10, what="the daemon refused an allocation over its limit")  # fmt: skip
+        assert answer(node, "probe")["memory_limit_mib"] == "1024"
+        send(Path(d) / "pipe", "exit probe")
+        wait_until(lambda: answer(node, "probe") == {}, timeout=10, what="probe client gone")
 
     # Unprepare (by the new plugin): the daemon pods go, and everything else with them.
     for name in names:
