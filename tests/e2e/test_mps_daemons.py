@@ -1,14 +1,17 @@
 """MPS daemons outlive the plugin container, on a real node (kubelet + containerd) with
 the chart's DaemonSet pod from the locally built image and ``mpsDaemons: pod``.
 
-Two whole-GPU MPS claims, each with a client pod that keeps writing to its daemon's
-control pipe (the emulated daemon records every line with its PID). Then (a) the
-plugin container is SIGKILLed (the kubelet restarts it) and (b) a rolling update
-replaces the plugin pod. Throughout, each daemon keeps its PID (sampled every 15 ms:
-the longest time a client was without its daemon is the figure docs/benchmarks.md
-reports, expected 0), the clients keep running and their lines keep reaching the
-same daemon, and each new plugin logs that it adopted both daemons. Unprepare
-afterwards removes the daemon pods; nothing is left: no pod, process, mount or dir.
+Two whole-GPU MPS claims (two daemons), and, on a 580-driver node with ``mpsSlots``,
+two MPS slots of one GPU claimed from two namespaces (the GPU's one daemon), each with
+a client pod that acts as a CUDA client of the emulated daemon and keeps allocating.
+Then (a) the plugin container is SIGKILLed (the kubelet restarts it) and (b) a rolling
+update replaces the plugin pod. Throughout, each daemon keeps its PID and its pod
+(sampled every 15 ms: the longest time a client was without its daemon is the figure
+docs/benchmarks.md reports, expected 0), the clients keep running and keep allocating
+through the same daemon, each new plugin logs that it adopted the daemons, and the
+limits still hold afterwards. Unprepare removes the daemon pods; nothing is left: no
+pod, process, mount or dir. Last, an MPS claim's first prepare with the daemon as a pod
+vs as the plugin's child (the other figure).
 """
 
 from __future__ import annotations
@@ -16,10 +19,13 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
+import shutil
 import statistics
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -46,30 +52,31 @@ CLIENT = (
 then allocates 1 MiB every 200 ms (an open of the pipe blocks while no daemon holds
 it); the daemon answers in ``clients/<pod>`` under the pipe dir."""
 LIMIT = "1Gi"
+SLOT_PROFILE = Path(__file__).parent / "data" / "l4-r580.yaml"
 
 
-@pytest.fixture(scope="module")
-def node(
+@contextmanager
+def chart_node(
     cluster: Cluster,
-    driver_objects: list[str],
-    node_binaries: NodeBinaries,
-    helm_binary: Path,
-    plugin_image: tuple[Path, str],
+    binaries: NodeBinaries,
+    helm: Path,
+    image: tuple[Path, str],
+    profile: str | Path,
+    values: dict[str, str] | None = None,
 ) -> Iterator[RealGpuNodePod]:
-    archive, ref = plugin_image
-    real = start_real_node(cluster, node_binaries, prefix="mp")
+    """A real node whose plugin is the chart's DaemonSet pod (``mpsDaemons`` default)."""
+    archive, ref = image
+    real = start_real_node(cluster, binaries, prefix="mp")
     try:
         real.import_image(NodeImage(archive, ref))
-        gpu = RealGpuNodePod(
-            image=ref,
-            cluster=cluster,
-            node=real,
-            profile="dgx-a100",
-            workdir=real.paths.workdir / "gpu",
-            helm=helm_binary,
-            chart_dir=CHART,
-        )
-        assert gpu.values.get("mpsDaemons", "pod") == "pod"  # the chart's default
+        workdir = real.paths.workdir / "gpu"
+        if isinstance(profile, Path):  # the plugin pod sees files under the emulated root
+            (workdir / "host").mkdir(parents=True)
+            profile = str(shutil.copy(profile, workdir / "host" / profile.name))
+        gpu = RealGpuNodePod(image=ref, cluster=cluster, node=real, profile=profile,
+                             workdir=workdir, helm=helm, chart_dir=CHART)  # fmt: skip
+        gpu.values.update(values or {})
+        assert "mpsDaemons" not in gpu.values  # the chart's default: pod
         try:
             gpu.start()
             yield gpu
@@ -80,7 +87,35 @@ def node(
         real.remove_workdir()
 
 
-def mps_objects(ns: str, name: str, node: str, pct: int) -> list[dict[str, Any]]:
+@pytest.fixture(scope="module")
+def node(
+    cluster: Cluster,
+    driver_objects: list[str],
+    node_binaries: NodeBinaries,
+    helm_binary: Path,
+    plugin_image: tuple[Path, str],
+) -> Iterator[RealGpuNodePod]:
+    with chart_node(cluster, node_binaries, helm_binary, plugin_image, "dgx-a100") as gpu:
+        yield gpu
+
+
+@pytest.fixture(scope="module")
+def slot_node(
+    cluster: Cluster,
+    driver_objects: list[str],
+    node_binaries: NodeBinaries,
+    helm_binary: Path,
+    plugin_image: tuple[Path, str],
+) -> Iterator[RealGpuNodePod]:
+    """Four L4s on a 580 driver, each split into four MPS slots (one daemon per GPU)."""
+    with chart_node(cluster, node_binaries, helm_binary, plugin_image, SLOT_PROFILE,
+                    {"mpsSlots": "NVIDIA L4=4"}) as gpu:  # fmt: skip
+        yield gpu
+
+
+def mps_objects(ns: str, name: str, node: str, pct: int | None) -> list[dict[str, Any]]:
+    """A claim (whole-GPU MPS with limits; ``pct`` None: one MPS slot, no config) and its
+    client pod."""
     config = {
         "driver": "gpu.nvidia.com",
         "parameters": {
@@ -95,16 +130,19 @@ def mps_objects(ns: str, name: str, node: str, pct: int) -> list[dict[str, Any]]
             },
         },
     }
+    exactly: dict[str, Any] = {"deviceClassName": "gpu.nvidia.com"}
+    devices: dict[str, Any] = {"requests": [{"name": "gpu", "exactly": exactly}]}
+    if pct is None:  # a slot: the policy's one slot of a slot GPU's gpu-0
+        attrs = "device.attributes['gpu.nvidia.com']"
+        exactly["selectors"] = [{"cel": {"expression": f"'mpsSlots' in {attrs} && "
+                                                       f"{attrs}.index == 0"}}]  # fmt: skip
+    else:
+        devices["config"] = [{"requests": ["gpu"], "opaque": config}]
     claim = {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaim",
         "metadata": {"name": name, "namespace": ns},
-        "spec": {
-            "devices": {
-                "requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}],
-                "config": [{"requests": ["gpu"], "opaque": config}],
-            }
-        },
+        "spec": {"devices": devices},
     }
     pod = {
         "apiVersion": "v1",
@@ -233,16 +271,44 @@ def host_mounts_under(path: Path) -> list[str]:
 def test_daemons_survive_plugin_sigkill_and_rolling_update(
     cluster: Cluster, cluster_namespace: str, node: RealGpuNodePod
 ) -> None:
+    """Two whole-GPU MPS claims: two daemons, two pods."""
     ns = cluster_namespace
-    names = ("mps-one", "mps-two")
-    for i, name in enumerate(names):
+    for i, name in enumerate(("mps-one", "mps-two")):
         cluster.apply(mps_objects(ns, name, node.name, pct=30 + 10 * i))
-    for name in names:
+    survive(cluster, node, {"mps-one": ns, "mps-two": ns}, daemon_count=2, limit_mib="1024")
+
+
+def test_slot_daemon_survives_plugin_sigkill_and_rolling_update(
+    cluster: Cluster, slot_node: RealGpuNodePod
+) -> None:
+    """Two MPS slots of one L4 (580 driver), claims in two namespaces: the GPU's one
+    daemon, in one pod, serves both."""
+    clients = {"slot-a": f"slots-a-{secrets.token_hex(3)}",
+               "slot-b": f"slots-b-{secrets.token_hex(3)}"}  # fmt: skip
+    for name, ns in clients.items():
+        cluster.create_namespace(ns)
+        cluster.apply(mps_objects(ns, name, slot_node.name, pct=None))
+    survive(cluster, slot_node, clients, daemon_count=1, limit_mib="5758")
+
+
+def survive(
+    cluster: Cluster,
+    node: RealGpuNodePod,
+    clients: dict[str, str],
+    *,
+    daemon_count: int,
+    limit_mib: str,
+) -> None:
+    """The clients (pod name -> namespace) run; through a plugin SIGKILL and a rolling
+    update their daemons keep their PIDs and pods, the clients keep allocating through
+    them, the limits hold; after unprepare nothing is left."""
+    names = tuple(clients)
+    for name, ns in clients.items():
         node.run_pod(ns, name)
     wait_until(
-        lambda: len(node.daemon_pods()) == 2 and len(daemons(node)) == 2,
+        lambda: len(node.daemon_pods()) == daemon_count and len(daemons(node)) == daemon_count,
         timeout=30,
-        what="two MPS daemon pods and their daemons",
+        what=f"{daemon_count} MPS daemon pod(s) and their daemons",
     )
     before = daemons(node)  # daemon dir -> PID
     pids = set(before.values())
@@ -255,7 +321,7 @@ def test_daemons_survive_plugin_sigkill_and_rolling_update(
     )
     served = {n: int(answer(node, n)["daemon"]) for n in names}
     assert set(served.values()) == pids
-    assert {answer(node, n)["memory_limit_mib"] for n in names} == {"1024"}  # the claim's
+    assert {answer(node, n)["memory_limit_mib"] for n in names} == {limit_mib}  # the claim's
     daemon_pod_uids = {p["metadata"]["uid"] for p in node.daemon_pods()}
     ids = sorted(Path(d).name for d in before)
 
@@ -299,7 +365,7 @@ def test_daemons_survive_plugin_sigkill_and_rolling_update(
         )
     assert daemons(node) == before  # same daemons, same PIDs
     assert {p["metadata"]["uid"] for p in node.daemon_pods()} == daemon_pod_uids
-    for name in names:
+    for name, ns in clients.items():
         assert node.pod(ns, name)["status"]["phase"] == "Running"
     print(
         f"\nMEASURE longest time a client was without its daemon: "
@@ -309,15 +375,15 @@ def test_daemons_survive_plugin_sigkill_and_rolling_update(
     assert sampler.samples > 100 and sampler.longest_gap_s == 0.0
     # The adopted daemons still hold the claims' limits: a new client gets 1 GiB, no more.
     for d in before:
-        send(Path(d) / "pipe", "client probe - -", "alloc probe 2048")
+        send(Path(d) / "pipe", "client probe - -", f"alloc probe {int(limit_mib) + 1}")
         wait_until(lambda: answer(node, "probe").get("last", "").startswith("out of memory"),
                    timeout=10, what="the daemon refused an allocation over its limit")  # fmt: skip
-        assert answer(node, "probe")["memory_limit_mib"] == "1024"
+        assert answer(node, "probe")["memory_limit_mib"] == limit_mib
         send(Path(d) / "pipe", "exit probe")
         wait_until(lambda: answer(node, "probe") == {}, timeout=10, what="probe client gone")
 
     # Unprepare (by the new plugin): the daemon pods go, and everything else with them.
-    for name in names:
+    for name, ns in clients.items():
         node.delete_pod(ns, name)
     wait_until(
         lambda: node.daemon_pods() == [] and node.cdi_specs() == {},
@@ -336,7 +402,7 @@ def test_daemons_survive_plugin_sigkill_and_rolling_update(
                 "metadata"
             ]["uid"]
         )
-        for n in names
+        for n, ns in clients.items()
     }
     assert all(plugin_records(node, uid, "unprepared") for uid in uids)  # type: ignore[arg-type]
 
