@@ -133,9 +133,15 @@ class PodRunner:
             if time.monotonic() > deadline:
                 with _errors(name):
                     pod = self._pods.get(spec.daemon_id)
+                hint = ""
+                if ready.exists():  # it says it serves, but this process cannot see it
+                    hint = (
+                        f"; its ready file is there but no daemon process is in {self._proc}: "
+                        "the plugin needs the host's PID namespace (hostPID)"
+                    )
                 raise ToolError(
                     f"MPS daemon pod {self._pods.namespace}/{name} not serving after "
-                    f"{self._start_timeout_s:g} s: {describe(pod)}"
+                    f"{self._start_timeout_s:g} s: {describe(pod)}{hint}"
                 )
             time.sleep(0.02)
 

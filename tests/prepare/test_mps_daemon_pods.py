@@ -263,3 +263,17 @@ def test_unpreparing_an_unknown_claim_needs_no_api_server(node: Node, tmp_path: 
     with pytest.raises(ToolError):
         r.present()  # the server is down
     node.preparer(mps_runner=r).unprepare(mps_claim().ref)  # type: ignore[attr-defined]
+
+
+def test_a_plugin_that_cannot_see_the_daemon_says_it_needs_host_pids(
+    node: Node, kubelet: PodKubelet, tmp_path: Path
+) -> None:
+    """The daemon pod serves (its ready file is written) but this process's /proc does
+    not show it, as for a plugin pod without hostPID: the error says so."""
+    empty_proc = tmp_path / "proc"
+    empty_proc.mkdir()
+    p = node.preparer(mps_runner=runner(kubelet, node, start_timeout_s=4, proc=empty_proc))
+    said = r"ready file is there but no daemon process is in .*/proc: the plugin needs the host's"
+    with pytest.raises(PrepareError, match=said + r" PID namespace \(hostPID\)"):
+        p.prepare(mps_claim())
+    assert kubelet.pods == {}
