@@ -37,6 +37,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "dra_driver.commands.kubelet_plugin",
         "run the DRA kubelet plugin for this node's GPUs",
     ),
+    "mps-daemon": (
+        "dra_driver.commands.mps_daemon",
+        "run one MPS control daemon in the foreground (an MPS daemon pod's container)",
+    ),
     "report": (
         "dra_driver.commands.report",
         "report claims whose GPUs stayed under-used, with a smaller MIG profile or share",

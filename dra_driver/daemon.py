@@ -47,8 +47,12 @@ if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
     from dra_driver.gpu.driver import GpuDriver
+    from dra_driver.gpu.hostpaths import HostPaths
     from dra_driver.gpu.inventory import Inventory
+    from dra_driver.gpu.mpsrunners import DaemonRunner
+    from dra_driver.gpu.sharing import GpuTools
     from dra_driver.plugin.app import KubeletPlugin
+    from dra_driver.plugin.kubeclient import KubeClient
 
 logger = logging.getLogger(__name__)
 
@@ -180,7 +184,7 @@ def _run(
         from dra_driver.plugin.metrics import exposition
 
         health.serve_metrics(exposition(registry))
-    driver = _gpu_driver(settings, gpu_host_stack, registry)
+    driver = _gpu_driver(settings, gpu_host_stack, registry, plugin.client)
     driver_stack.callback(driver.close)
     plugin.attach(driver)
     plugin.start()
@@ -223,10 +227,11 @@ def _connect(plugin: KubeletPlugin) -> None:
 
 
 def _gpu_driver(
-    settings: DaemonSettings, stack: ExitStack, registry: CollectorRegistry
+    settings: DaemonSettings, stack: ExitStack, registry: CollectorRegistry, client: KubeClient
 ) -> GpuDriver:
     """The host (real or emulated), discovery, and the driver that finishes whatever a
-    previous process left half done; its metrics go into ``registry``."""
+    previous process left half done (and adopts the MPS daemons it left running); its
+    metrics go into ``registry``."""
     import dataclasses
 
     from dra_driver.commands.discover import gpu_host
@@ -290,6 +295,37 @@ def _gpu_driver(
         ),
         # The process exits next: an NVML event wait (up to 0.5 s) is not waited out.
         stop_wait_s=0.1,
+        mps_runner=_mps_runner(settings, host, tools, client),
+    )
+
+
+def _mps_runner(
+    settings: DaemonSettings, host: HostPaths, tools: GpuTools, client: KubeClient
+) -> DaemonRunner | None:
+    """``--mps-daemons pod``: daemon pods with the plugin's image, the driver root mounted
+    where this process sees it (and an emulated node's files where they are)."""
+    pods = settings.gpu.mps_daemons
+    if pods is None:
+        return None
+    from dra_driver.mpspods import PodRunner
+    from dra_driver.plugin.nodepods import HostMount
+
+    runtime_root = settings.gpu.host_driver_root or host.driver_root
+    mounts = [HostMount(str(runtime_root), str(host.driver_root), read_only=True)]
+    if settings.host.emulate is not None:
+        mounts.append(HostMount(str(host.root)))
+    return PodRunner(
+        client=client,
+        namespace=pods.namespace,
+        node_name=settings.plugin.node_name,
+        driver_name=settings.plugin.driver_name,
+        image=pods.image,
+        mps_control=tools.mps_control,
+        library_path=tools.env.get("LD_LIBRARY_PATH", ""),
+        mounts=mounts,
+        priority_class=pods.priority_class,
+        proc=tools.proc,
+        logger=logging.getLogger("dra_driver.mpspods"),
     )
 
 

@@ -80,6 +80,20 @@ class GpuSettings:
     cdi_hook_source: Path | None
     """What is installed at ``cdi_hook_path`` at start (a bare name: on ``PATH``); None:
     an administrator's own copy is already there."""
+    mps_daemons: MpsDaemonsSettings | None = None
+    """None: MPS daemons are this process's children; else one pod per daemon."""
+
+
+@dataclass(frozen=True)
+class MpsDaemonsSettings:
+    """``--mps-daemons pod``: each MPS control daemon in a pod of its own (:mod:`dra_driver.
+    mpspods`), so it outlives the plugin's container."""
+
+    namespace: str
+    """The plugin's namespace: the pods go there (RBAC: a Role on pods)."""
+    image: str
+    """The plugin's own image (it runs ``dra-driver mps-daemon``)."""
+    priority_class: str = ""
 
 
 @dataclass(frozen=True)
@@ -125,6 +139,30 @@ def _cdi_hook_source(args: argparse.Namespace) -> Path | None:
             f"{_flag('cdi-hook-source')} is empty: use a path, a name on PATH, or 'none'"
         )
     return None if source == "none" else Path(source)
+
+
+def _mps_daemons(args: argparse.Namespace) -> MpsDaemonsSettings | None:
+    if args.mps_daemons == "process":
+        return None
+    namespace, image = args.namespace, args.mps_daemon_image
+    if not namespace or len(namespace) > 63 or not _UID.match(namespace):
+        raise SettingsError(
+            f"{_flag('namespace')} is {namespace!r}: --mps-daemons pod needs this plugin's "
+            "namespace (a DNS label: lower-case letters, digits, '-', at most 63), where "
+            "the daemon pods go"
+        )
+    if not image:
+        raise SettingsError(
+            f"{_flag('mps-daemon-image')} is empty: --mps-daemons pod needs the image the "
+            "daemon pods run (the plugin's own)"
+        )
+    priority = args.mps_daemon_priority_class
+    if priority and (len(priority) > 253 or not _SUBDOMAIN.match(priority)):
+        raise SettingsError(
+            f"{_flag('mps-daemon-priority-class')} is {priority!r}: expected a PriorityClass "
+            "name (lower-case DNS subdomain)"
+        )
+    return MpsDaemonsSettings(namespace=namespace, image=image, priority_class=priority)
 
 
 def host_settings(args: argparse.Namespace) -> HostSettings:
@@ -183,6 +221,7 @@ def daemon_settings(args: argparse.Namespace) -> DaemonSettings:
         claim_status=args.claim_status,
     )
     gpu = GpuSettings(
+        mps_daemons=_mps_daemons(args),
         cdi_dir=args.cdi_dir,
         state_dir=args.state_dir or args.kubelet_plugins_dir / driver,
         host_driver_root=args.host_driver_root,

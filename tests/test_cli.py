@@ -230,6 +230,23 @@ def test_a_bad_env_value_is_named(environ: dict[str, str], message: str) -> None
         (["--cleanup-interval=nan"], "--cleanup-interval (DRA_CLEANUP_INTERVAL) is nan"),
         (["--rolling-update-uid=../x"], "--rolling-update-uid (DRA_ROLLING_UPDATE_UID) is '../x'"),
         (["--node-name=Node_1"], "--node-name (DRA_NODE_NAME) is 'Node_1'"),
+        (
+            ["--mps-daemons=pod", "--mps-daemon-image=i"],
+            "--namespace (DRA_NAMESPACE) is None: --mps-daemons pod needs this plugin's namespace",
+        ),
+        (
+            ["--mps-daemons=pod", "--namespace=dra-driver"],
+            "--mps-daemon-image (DRA_MPS_DAEMON_IMAGE) is empty: --mps-daemons pod needs the image",
+        ),
+        (
+            [
+                "--mps-daemons=pod",
+                "--namespace=dra-driver",
+                "--mps-daemon-image=i",
+                "--mps-daemon-priority-class=Node_Critical",
+            ],
+            "--mps-daemon-priority-class (DRA_MPS_DAEMON_PRIORITY_CLASS) is 'Node_Critical'",
+        ),
     ],
 )
 def test_invalid_settings_are_one_clear_line_and_exit_2(
@@ -307,3 +324,20 @@ def test_only_the_kubelet_plugin_skips_interpreter_finalization(
     assert done.returncode == 1, done.stderr
     assert "no-such-profile" in done.stderr
     assert ("finalized" in done.stdout) is finalized
+
+
+def test_the_mps_daemon_command_stays_small(tmp_path: Path) -> None:
+    """The entry point of every MPS daemon pod: no API client, gRPC, NVML or metrics
+    library is loaded, and a daemon that exits ends the command with its exit code."""
+    code = (
+        "import sys; from dra_driver import cli; "
+        f"rc = cli.main(['mps-daemon', '--pipe-dir={tmp_path}', '--log-dir={tmp_path}', "
+        f"'--mps-control=/bin/false', '--ready-file={tmp_path}/ready']); "
+        "print(rc, sorted(m for m in ('kubernetes', 'grpc', 'pynvml', 'prometheus_client', "
+        "'dra_driver.plugin.app', 'dra_driver.gpu.driver') if m in sys.modules))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, check=False)  # fmt: skip
+    assert done.stdout.split(" ", 1) == ["1", "[]\n"], done.stderr
+    assert "the MPS control daemon exited" in done.stderr
+    assert not (tmp_path / "ready").exists()

@@ -195,6 +195,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="nvidia-cuda-mps-control to run (default: found under the driver root)",
     )
     parser.add_argument(
+        "--mps-daemons",
+        choices=("process", "pod"),
+        default="process",
+        help="how MPS control daemons run: pod: one pod per daemon on this node, run by the "
+        "kubelet, so daemons and their clients survive a plugin restart or upgrade (needs "
+        "--namespace and --mps-daemon-image; the chart's default); process: children of this "
+        "process, which end with its container (default %(default)s)",
+    )
+    parser.add_argument(
+        "--mps-daemon-image",
+        default=None,
+        help="image of the MPS daemon pods: the plugin's own (the chart passes it)",
+    )
+    parser.add_argument(
+        "--mps-daemon-priority-class",
+        default="",
+        help="priorityClassName of the MPS daemon pods (the chart passes the plugin's) "
+        "(default: none)",
+    )
+    parser.add_argument(
+        "--namespace",
+        default=None,
+        help="this plugin's namespace, where MPS daemon pods are created (the chart sets "
+        "DRA_NAMESPACE from the downward API)",
+    )
+    parser.add_argument(
         "--uninstall-on-exit",
         action="store_true",
         help="delete this node's slices on exit (clean uninstall)",

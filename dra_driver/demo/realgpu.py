@@ -8,7 +8,9 @@ Helm with the node's paths (kubelet root, CDI dir, driver root). Two ways:
   built image (:mod:`dra_driver.demo.pluginimage`);
 * ``host``: the same container command as a host process, with the token its
   pod would get (bound to the Node). Only ``--driver-root=/driver-root``, a
-  mount point in the pod, is replaced by the host path it would mount.
+  mount point in the pod, is replaced by the host path it would mount, and MPS
+  daemons are the process's children (``--mps-daemons process``: no pod to run
+  them from).
 
 Pods are taken through the real path: scheduler, kubelet DRA manager, our
 plugin, containerd's CDI injection, runc. Their output comes from the CRI log
@@ -140,13 +142,16 @@ class RealGpuNode:
         return [self.python, "-m", "dra_driver", *args]
 
     def plugin_env(self, pod_uid: str) -> dict[str, str]:
-        fields = {"spec.nodeName": self.name, "metadata.uid": pod_uid}
+        fields = {"spec.nodeName": self.name, "metadata.uid": pod_uid,
+                  "metadata.namespace": "dra-driver"}  # fmt: skip
         assert self.kubeconfig is not None
         return {
             **{k: v for k, v in os.environ.items() if not k.startswith("DRA_")},
             **chart.resolve_env(self._container, fields),
             "DRA_KUBECONFIG": str(self.kubeconfig),
             "DRA_HOST_ROOT": str(self.host_root),  # the emulated node's /dev, /sys, driver
+            # A host process has no pod: its MPS daemons are its own (setsid'd) children.
+            "DRA_MPS_DAEMONS": "process",
         }
 
     def start_plugin(self, pod_uid: str | None = None, log: Path | None = None) -> int:

@@ -66,9 +66,19 @@ class RealGpuNodePod(RealGpuNode):
         self.wait_published(timeout=timeout)
 
     def plugin_pods(self) -> list[JsonObject]:
+        return self._pods("kubelet-plugin")
+
+    def daemon_pods(self) -> list[JsonObject]:
+        """The MPS daemon pods the plugin runs on this node (``mpsDaemons: pod``)."""
+        return self._pods("mps-daemon")
+
+    def _pods(self, component: str) -> list[JsonObject]:
         listed = self.cluster.rest.get(
             f"/api/v1/namespaces/{self.namespace}/pods",
-            {"fieldSelector": f"spec.nodeName={self.name}"},
+            {
+                "fieldSelector": f"spec.nodeName={self.name}",
+                "labelSelector": f"app.kubernetes.io/component={component}",
+            },
         )
         return sorted(listed["items"], key=lambda p: p["metadata"]["creationTimestamp"])
 
@@ -159,8 +169,16 @@ class RealGpuNodePod(RealGpuNode):
         )
 
     def stop(self) -> None:
-        """Uninstall the release: the DaemonSet's pod goes, then the namespace."""
+        """Uninstall the release: the DaemonSet's pod goes, then MPS daemon pods a test
+        left (they outlive the plugin by design), then the namespace."""
         with contextlib.suppress(ApiError):
             self.cluster.rest.delete(self.daemonset_path)
         with contextlib.suppress(TimeoutError, ApiError):
             wait_until(lambda: not self.plugin_pods(), timeout=60, what="plugin pod gone")
+        for pod in self.daemon_pods():
+            with contextlib.suppress(ApiError):
+                self.cluster.rest.delete(
+                    f"/api/v1/namespaces/{self.namespace}/pods/{pod['metadata']['name']}"
+                )
+        with contextlib.suppress(TimeoutError, ApiError):
+            wait_until(lambda: not self.daemon_pods(), timeout=60, what="daemon pods gone")

@@ -6,10 +6,9 @@ never mutated), derives the published pool from it, and delegates claims to
 :class:`~dra_driver.gpu.preparing.ClaimPreparer`, which reads the same
 inventory through a callable so a prepare always sees the latest discovery.
 
-Re-discovery (:meth:`refresh`) keeps the previous inventory when discovery as
-a whole fails (NVML briefly unavailable must not empty the pool); a GPU that
-is gone simply is not in the new inventory, so it leaves the pool with the
-next slice generation.
+Re-discovery (:meth:`refresh`) keeps the previous inventory when discovery as a whole
+fails (NVML briefly unavailable must not empty the pool); a GPU that is gone simply is
+not in the new inventory, so it leaves the pool with the next slice generation.
 
 Health: with a :class:`~dra_driver.gpu.healthpolicy.HealthPolicy` the driver runs a
 :class:`~dra_driver.gpu.monitor.HealthMonitor` in the background (started by
@@ -47,6 +46,7 @@ from dra_driver.gpu.hostpaths import HostPaths
 from dra_driver.gpu.inventory import Inventory
 from dra_driver.gpu.miginstances import MigInstances
 from dra_driver.gpu.monitor import HealthEvents, HealthMonitor
+from dra_driver.gpu.mpsrunners import DaemonRunner
 from dra_driver.gpu.nvml import Nvml
 from dra_driver.gpu.nvmlmonitor import CallObserver
 from dra_driver.gpu.partitions import MigMode, OwnedInstance
@@ -96,6 +96,7 @@ class GpuDriver:
         mps_slots: MpsSlots | None = None,
         cdi_hook: cdihook.HookPlacement | None = None,
         stop_wait_s: float | None = None,
+        mps_runner: DaemonRunner | None = None,
     ) -> None:
         """Runs the first discovery now, so a node without a usable driver fails at start,
         then finishes whatever prepare or unprepare a previous process left half done.
@@ -111,8 +112,8 @@ class GpuDriver:
         on the host and where it comes from (installed now; None: the specs name the
         toolkit's ``/usr/bin/nvidia-cdi-hook`` and nothing is installed or checked).
         ``stop_wait_s``: how long :meth:`stop_background` waits for the health monitor's
-        NVML event waits (None: all of them; the daemon, about to exit, waits 0.1 s).
-        """
+        NVML event waits (None: all; the daemon, about to exit, waits 0.1 s). ``mps_runner``:
+        what starts MPS daemons (None: this process, as its children)."""
         self._driver_name = driver_name
         self._pool_name = pool_name
         self._discover = discover
@@ -177,6 +178,7 @@ class GpuDriver:
             mig_instances=self._mig,
             on_state_problem=self._state_changed,
             mps_slots=self._slots,
+            mps_runner=mps_runner,
         )
         self._pool = self._build(self._inventory, self._health)
         try:

@@ -14,22 +14,29 @@ A daemon is found again by its environment (``/proc/<pid>/environ`` naming our
 pipe dir), never by a stored PID, so a restarted plugin can stop a daemon it
 started before it crashed and can never signal an unrelated process that
 reused a PID. Every method is idempotent.
+
+What starts and stops a daemon is a :class:`~dra_driver.gpu.mpsrunners.DaemonRunner`:
+this process (:class:`~dra_driver.gpu.mpsrunners.ProcessRunner`, the default), or one
+pod per daemon (:mod:`dra_driver.mpspods`) so daemons outlive the plugin's container.
+:meth:`MpsDaemons.adopt` is the plugin's start: daemons a checkpoint record owns are
+kept (adopted), the others stopped and removed.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import re
 import shutil
 import signal
-import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from dra_driver.gpu.cdi import ContainerEdits, Mount
+from dra_driver.gpu.mpsrunners import DaemonRunner, DaemonSpec, ProcessRunner, daemon_pids
 from dra_driver.gpu.sharing import GpuCommands, GpuTools, ToolError
 from dra_driver.plugin.sockets import MAX_SOCKET_PATH
 
@@ -75,10 +82,25 @@ def _no_record(_step: str) -> None:
 
 
 class MpsDaemons:
-    def __init__(self, *, root: Path, commands: GpuCommands, tools: GpuTools) -> None:
+    def __init__(
+        self,
+        *,
+        root: Path,
+        commands: GpuCommands,
+        tools: GpuTools,
+        runner: DaemonRunner | None = None,
+    ) -> None:
+        """``runner`` None: daemons are this process's children (:class:`ProcessRunner`)."""
         self._root = root
         self._cmd = commands
         self._tools = tools
+        self._runner: DaemonRunner = runner or ProcessRunner(
+            commands=commands, tools=tools, quit=self.quit
+        )
+
+    @property
+    def runner(self) -> DaemonRunner:
+        return self._runner
 
     def base(self, daemon_id: str) -> Path:
         return self._root / daemon_id
@@ -104,6 +126,21 @@ class MpsDaemons:
             "CUDA_MPS_LOG_DIRECTORY": str(self.base(daemon_id) / "log"),
             "CUDA_VISIBLE_DEVICES": ",".join(uuids),
         }
+
+    def spec(
+        self, daemon_id: str, uuids: Sequence[str] = (), setup: Sequence[str] = ()
+    ) -> DaemonSpec:
+        """What a runner needs to run (or stop) daemon ``daemon_id``."""
+        shm = self.shm_dir(daemon_id) if self._tools.mps_shm_size is not None else None
+        return DaemonSpec(
+            daemon_id=daemon_id,
+            base=self.base(daemon_id),
+            pipe_dir=self.pipe_dir(daemon_id),
+            log_dir=self.base(daemon_id) / "log",
+            shm_dir=shm,
+            env=self._env(daemon_id, uuids),
+            setup=tuple(setup),
+        )
 
     def depth_problem(self, daemon_id: str = "0" * 12) -> str | None:
         """Why the daemon could not make its sockets under this root, or None."""
@@ -143,14 +180,9 @@ class MpsDaemons:
                 points.add(fields[4].encode().decode("unicode_escape"))
         return points
 
-    def start(self, daemon_id: str, uuids: Sequence[str]) -> None:
-        if self.running(daemon_id):
-            self.quit(daemon_id)
-        argv = [str(self._tools.mps_control), "-d"]
-        if self._tools.mps_shm_size is not None:
-            shm = str(self.shm_dir(daemon_id))
-            argv = [sys.executable, "-m", "dra_driver.gpu.mpslaunch", shm, *argv]
-        self._cmd.run(argv, env=self._env(daemon_id, uuids))
+    def start(self, daemon_id: str, uuids: Sequence[str], setup: Sequence[str] = ()) -> None:
+        """Start the daemon through the runner (replacing one that runs already)."""
+        self._runner.start(self.spec(daemon_id, uuids, setup))
 
     def set_limits(
         self,
@@ -161,36 +193,12 @@ class MpsDaemons:
         pinned_memory: Mapping[str, int],
     ) -> None:
         """Default limits of the daemon's servers; ``pinned_memory`` is bytes by UUID."""
-        lines = []
-        if active_thread_percentage is not None:
-            lines.append(f"set_default_active_thread_percentage {active_thread_percentage}")
-        for uuid, limit in pinned_memory.items():
-            lines.append(f"set_default_device_pinned_mem_limit {uuid} {limit // MIB}M")
-        if lines:
-            self._cmd.run(
-                [str(self._tools.mps_control)],
-                env=self._env(daemon_id, uuids),
-                stdin="".join(f"{line}\n" for line in lines),
-            )
+        setup = limit_commands(active_thread_percentage, pinned_memory)
+        self._runner.set_limits(self.spec(daemon_id, uuids, setup))
 
     def running(self, daemon_id: str) -> list[int]:
         """PIDs of live MPS processes (control daemon, servers) using this pipe dir."""
-        marker = f"CUDA_MPS_PIPE_DIRECTORY={self.pipe_dir(daemon_id)}".encode()
-        pids = []
-        for entry in self._tools.proc.iterdir():
-            if not entry.name.isdigit() or int(entry.name) == os.getpid():
-                continue
-            try:
-                if b"nvidia-cuda-mps" not in (entry / "cmdline").read_bytes():
-                    continue
-                if marker not in (entry / "environ").read_bytes().split(b"\0"):
-                    continue
-                state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-            except (OSError, IndexError):
-                continue
-            if state not in ("Z", "X"):
-                pids.append(int(entry.name))
-        return pids
+        return daemon_pids(self._tools.proc, self.pipe_dir(daemon_id))
 
     def quit(self, daemon_id: str, *, grace_s: float = 5.0) -> None:
         """Ask the daemon to quit, SIGKILL what is left after ``grace_s``."""
@@ -249,18 +257,16 @@ class MpsDaemons:
         done(f"mps-dirs:{daemon_id}")
         self.mount_shm(daemon_id)
         done(f"mps-shm:{daemon_id}")
-        self.start(daemon_id, uuids)
+        spec = self.spec(daemon_id, uuids, limit_commands(active_thread_percentage, pinned_memory))
+        self._runner.start(spec)  # a pod runner's daemon applies its limits as it starts
         done(f"mps-daemon:{daemon_id}")
-        self.set_limits(
-            daemon_id,
-            uuids,
-            active_thread_percentage=active_thread_percentage,
-            pinned_memory=pinned_memory,
-        )
+        self._runner.set_limits(spec)
         done(f"mps-limits:{daemon_id}")
 
     def tear_down(self, daemon_id: str, done: Done = _no_record) -> None:
-        """Quit, unmount, remove: everything of one daemon, each step recorded."""
+        """Stop (the runner's way, then quit/SIGKILL what is left), unmount, remove:
+        everything of one daemon, each step recorded."""
+        self._runner.stop(self.spec(daemon_id))
         self.quit(daemon_id)
         done(f"mps-quit:{daemon_id}")
         self.unmount_shm(daemon_id)
@@ -274,13 +280,80 @@ class MpsDaemons:
             self.tear_down(daemon_id)
 
     def ids_for_claim(self, claim_uid: str) -> list[str]:
-        if not self._root.is_dir():
-            return []
+        """Daemons of a claim (per-claim ids start with its prefix): by directory, and
+        those the runner holds (a pod whose directory is gone)."""
         prefix = _claim_prefix(claim_uid)
-        return sorted(p.name for p in self._root.glob(f"{prefix}????") if p.is_dir())
+        return sorted(d for d in self._known(strict=False) if d.startswith(prefix))
+
+    def _known(self, *, strict: bool = True) -> set[str]:
+        """Every daemon this node has a trace of: a directory or a runner's pod. Not
+        ``strict``: when the runner cannot say (API server down), the directories only
+        (a pod without its directory waits for the next start's adoption)."""
+        dirs = set()
+        if self._root.is_dir():
+            dirs = {p.name for p in self._root.iterdir() if p.is_dir() and is_mps_id(p.name)}
+        try:
+            held = self._runner.present()
+        except ToolError:
+            if strict:
+                raise
+            held = set()
+        return dirs | {d for d in held if is_mps_id(d)}
+
+    def adopt(
+        self, owners: Mapping[str, str], must_run: Collection[str], log: logging.Logger
+    ) -> list[str]:
+        """At start: keep the daemons a checkpoint record owns (``owners``: daemon id ->
+        the claim UID or shared resource recording it), stop and remove every other one,
+        and report a daemon of ``must_run`` (prepared claims, acquired shared resources)
+        that no longer runs: its clients lost their server. Returns the adopted ids.
+        Called under the checkpoint lock, so no record appears meanwhile."""
+        adopted = []
+        for daemon_id in sorted(self._known() | set(must_run)):
+            owner = owners.get(daemon_id)
+            pids = self.running(daemon_id)
+            if owner is None:
+                log.info(
+                    "removing an MPS daemon no claim owns",
+                    extra={"daemon": daemon_id, "runner": self._runner.name, "pids": pids},
+                )
+                self.tear_down(daemon_id)
+            elif pids:
+                adopted.append(daemon_id)
+                log.info(
+                    "adopted MPS daemon",
+                    extra={
+                        "daemon": daemon_id,
+                        "owner": owner,
+                        "runner": self._runner.name,
+                        "pids": pids,
+                    },
+                )
+            elif daemon_id in must_run:
+                log.error(
+                    "MPS daemon recorded for %s is not running: its clients have no MPS "
+                    "server until the claim is prepared again",
+                    owner,
+                    extra={"daemon": daemon_id, "claim_uid": owner, "runner": self._runner.name},
+                )
+        return adopted
 
     def remove_all_dirs(self) -> None:
-        """After a reboot: the daemons and their tmpfs are gone, only directories remain."""
+        """After a reboot: the daemons and their tmpfs are gone, only directories (and
+        pods, as API objects) remain."""
+        self._runner.stop_all()
         if self._root.is_dir():
             for entry in self._root.iterdir():
                 shutil.rmtree(entry, ignore_errors=True)
+
+
+def limit_commands(
+    active_thread_percentage: int | None, pinned_memory: Mapping[str, int]
+) -> list[str]:
+    """The control commands that make these the defaults of a daemon's servers."""
+    lines = []
+    if active_thread_percentage is not None:
+        lines.append(f"set_default_active_thread_percentage {active_thread_percentage}")
+    for uuid, limit in pinned_memory.items():
+        lines.append(f"set_default_device_pinned_mem_limit {uuid} {limit // MIB}M")
+    return lines

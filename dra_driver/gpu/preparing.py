@@ -53,6 +53,7 @@ from dra_driver.gpu.hostpaths import HostPaths
 from dra_driver.gpu.inventory import Inventory
 from dra_driver.gpu.miginstances import MigInstances
 from dra_driver.gpu.mpsdaemons import MpsDaemons
+from dra_driver.gpu.mpsrunners import DaemonRunner
 from dra_driver.gpu.planning import ClaimPlan, allocation_key, check_conflicts, plan_claim
 from dra_driver.gpu.sharing import GpuCommands, GpuTools
 from dra_driver.gpu.statefile import (
@@ -98,11 +99,12 @@ class ClaimPreparer(Unpreparer):
         on_step: Callable[[str], None] | None = None,
         on_state_problem: Callable[[], None] | None = None,
         mps_slots: MpsSlots | None = None,
+        mps_runner: DaemonRunner | None = None,
     ) -> None:
         """``strategies`` defaults to the built-in ones (:func:`strategies.builtin.builtin`), with
         dynamic MIG when ``mig_instances`` is given and MPS slots on the GPUs ``mps_slots``
-        selects. ``on_state_problem`` is called when
-        :meth:`state_problem` changes."""
+        selects. ``on_state_problem`` is called when :meth:`state_problem` changes.
+        ``mps_runner`` starts MPS daemons (None: as this process's children)."""
         self.kind = cdi.claim_kind(driver_name)
         cdi.validate_kind(self.kind)
         self._inventory = inventory
@@ -114,7 +116,10 @@ class ClaimPreparer(Unpreparer):
         self._locks = NodeLocks(state_dir / "locks")
         self._gpu_lock_timeout_s = gpu_lock_timeout_s
         commands = GpuCommands(tools=tools, logger=logger)
-        daemons = MpsDaemons(root=state_dir / "mps", commands=commands, tools=tools)
+        daemons = MpsDaemons(
+            root=state_dir / "mps", commands=commands, tools=tools, runner=mps_runner
+        )
+        self._daemons = daemons
         problem = daemons.depth_problem()
         if problem is not None:  # said at start, not first when an MPS claim arrives
             logger.warning("MPS claims will fail on this node: %s", problem)

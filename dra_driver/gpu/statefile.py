@@ -41,7 +41,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dra_driver.errors import DriverError
 from dra_driver.gpu import cdi
@@ -66,6 +66,9 @@ from dra_driver.gpu.files import (
 from dra_driver.gpu.naming import gpu_name_of
 from dra_driver.gpu.strategies.base import SharingStrategy, Strategies, Unit
 from dra_driver.plugin.claims import PrepareError
+
+if TYPE_CHECKING:
+    from dra_driver.gpu.mpsdaemons import MpsDaemons
 
 FILE_NAME = "checkpoint.json"
 SPARE_NAME = "checkpoint.json.spare"
@@ -266,6 +269,8 @@ class ClaimRecords:
     _gpu_lock_timeout_s: float
     _strategies: Strategies
     _on_step: Callable[[str], None]
+    _daemons: MpsDaemons | None
+    """The node's MPS daemons, adopted or removed at start (None: no MPS strategy)."""
 
     def _handle_reboot(self, loaded: Loaded) -> None:
         """State of a previous boot was discarded: remove its files (never signal a PID)."""

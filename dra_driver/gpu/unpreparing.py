@@ -19,12 +19,14 @@ claim uses. The checkpoint's states are documented in
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator, Mapping
 from contextlib import ExitStack
 from typing import Any
 
 from dra_driver.errors import DriverError
 from dra_driver.gpu import cdi
-from dra_driver.gpu.checkpoint import PREPARED, RELEASING, UNPREPARING
+from dra_driver.gpu.checkpoint import PREPARED, READY, RELEASING, UNPREPARING, Checkpoint
+from dra_driver.gpu.mpsdaemons import is_mps_id
 from dra_driver.gpu.statefile import ClaimRecords, Loaded, MoreLocks, UnitSteps, describe, locks_of
 from dra_driver.gpu.strategies.base import SharedResources
 from dra_driver.logs import ContextLogger, claim_logger
@@ -99,6 +101,23 @@ class Unpreparer(ClaimRecords):
                     self._release_shared(key, None, self._log)
             except DriverError as exc:
                 self._log.error("could not release shared resource %s: %s", key, exc)
+        self._adopt_daemons()
+
+    def _adopt_daemons(self) -> None:
+        """MPS daemons that outlived the previous plugin (pods, or processes of a plugin
+        run on the host): those a record owns are adopted, the others removed. Under the
+        checkpoint lock: an overlapping plugin (rolling update) records a daemon before it
+        starts it, so no daemon it is starting is taken for an orphan."""
+        daemons = self._daemons
+        if daemons is None:
+            return
+        with self._store.transaction() as loaded:
+            self._handle_reboot(loaded)
+            owners, must_run = daemon_owners(loaded.checkpoint)
+            try:
+                daemons.adopt(owners, must_run, self._log)
+            except DriverError as exc:
+                self._log.error("could not adopt or remove MPS daemons at start: %s", exc)
 
     def _teardown(self, uid: str, log: ContextLogger, what: str, locks: set[str]) -> None:
         """Undo everything recorded for ``uid`` and drop its entry; the caller holds
@@ -196,3 +215,37 @@ class Unpreparer(ClaimRecords):
         cdi.remove_spec(self._cdi_dir, self.kind, uid)
         for strategy in self._strategies:
             strategy.forget(uid)
+
+
+def daemon_owners(checkpoint: Checkpoint) -> tuple[dict[str, str], set[str]]:
+    """MPS daemon ids recorded in ``checkpoint``, each with its owner (claim UID or shared
+    key); and those that must be running: a record's ``daemonId`` whose claim is prepared
+    or whose shared resource is ready. Any other value of a record with a daemon id's
+    shape counts as owned too, so a strategy that names it otherwise never has its daemon
+    taken for an orphan (keeping a daemon in doubt costs nothing; removing one ends its
+    clients' work)."""
+    owners: dict[str, str] = {}
+    must_run: set[str] = set()
+    records = [(uid, e.state == PREPARED, u.record)
+               for uid, e in checkpoint.claims.items() for u in e.units]  # fmt: skip
+    records += [(key, s.state == READY, s.record) for key, s in checkpoint.shared.items()]
+    for owner, ready, record in records:
+        for daemon_id in _ids_in(record):
+            owners[daemon_id] = owner
+        named = str(record.get("daemonId", ""))
+        if ready and is_mps_id(named):
+            must_run.add(named)
+    return owners, must_run
+
+
+def _ids_in(value: object) -> Iterator[str]:
+    """Strings shaped like a daemon id anywhere in a record (dicts and lists walked)."""
+    if isinstance(value, str):
+        if is_mps_id(value):
+            yield value
+    elif isinstance(value, Mapping):
+        for item in value.values():
+            yield from _ids_in(item)
+    elif isinstance(value, list | tuple):
+        for item in value:
+            yield from _ids_in(item)

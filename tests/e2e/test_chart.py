@@ -166,7 +166,7 @@ def test_cdi_hook_values_reach_the_plugin_s_settings(helm: Path) -> None:
         pod = daemonset(render(helm, *args))["spec"]["template"]["spec"]
         (container,) = pod["containers"]
         env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
-        parser = build_parser(environ={**env, "DRA_NODE_NAME": "n"})
+        parser = build_parser(environ={**env, "DRA_NODE_NAME": "n", "DRA_NAMESPACE": "ns"})
         gpu = daemon_settings(parser.parse_args(container["args"])).gpu
         mounts = {m["name"]: m for m in container["volumeMounts"]}
         return gpu, mounts, {v["name"]: v for v in pod["volumes"]}
@@ -192,6 +192,38 @@ def test_cdi_hook_values_reach_the_plugin_s_settings(helm: Path) -> None:
     assert volumes["cdi-hook"]["hostPath"] == {"path": "/opt/nvidia", "type": "DirectoryOrCreate"}
 
 
+def test_mps_daemon_values_reach_the_plugin_s_settings(helm: Path) -> None:
+    """Default: daemon pods in the release namespace (downward API), from the plugin's own
+    image with its priority class, the host's PID namespace (the plugin finds the daemons
+    in /proc) even without usage metrics, and a Role on pods. ``process``: none of it."""
+    from dra_driver.cli import build_parser
+    from dra_driver.settings import MpsDaemonsSettings, daemon_settings
+
+    def rendered(*args: str) -> tuple[Any, dict[str, Any], set[tuple[str, str]]]:
+        objs = render(helm, "--set", "metrics.usageIntervalSeconds=0", *args)
+        pod = daemonset(objs)["spec"]["template"]["spec"]
+        (container,) = pod["containers"]
+        env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
+        refs = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"]
+                for e in container["env"] if "valueFrom" in e}  # fmt: skip
+        fields = {"spec.nodeName": "n", "metadata.uid": "u", "metadata.namespace": "gpu-ops"}
+        parser = build_parser(environ={**env, **{k: fields[v] for k, v in refs.items()}})
+        gpu = daemon_settings(parser.parse_args(container["args"])).gpu
+        return gpu, pod, {(o["kind"], o["metadata"]["name"]) for o in objs}
+
+    gpu, pod, objs = rendered("--set", "image.repository=reg/dra", "--set", "image.tag=1.2")
+    assert gpu.mps_daemons == MpsDaemonsSettings(
+        namespace="gpu-ops", image="reg/dra:1.2", priority_class="system-node-critical"
+    )
+    assert pod["hostPID"] is True
+    assert ("Role", "dra-driver-mps-daemons") in objs
+    assert ("RoleBinding", "dra-driver-mps-daemons") in objs
+    gpu, pod, objs = rendered("--set", "mpsDaemons=process")
+    assert gpu.mps_daemons is None
+    assert "hostPID" not in pod
+    assert not {kind for kind, _ in objs} & {"Role", "RoleBinding"}
+
+
 def test_rolling_update_switch(helm: Path) -> None:
     surge = daemonset(render(helm))
     assert surge["spec"]["updateStrategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
@@ -214,7 +246,8 @@ def test_optional_parts_can_be_left_out(helm: Path) -> None:
             "validatingAdmissionPolicy.enabled=false",
         )
     }
-    assert kinds == {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "DaemonSet"}
+    assert kinds == {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "DaemonSet", "Role",
+                     "RoleBinding"}  # fmt: skip
 
 
 def test_api_server_accepts_every_rendered_object(cluster: Cluster, helm: Path) -> None:

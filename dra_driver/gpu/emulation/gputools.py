@@ -8,7 +8,8 @@ the driver ran, not which functions it called.
 
 ``nvidia-cuda-mps-control -d`` starts a real long-running daemon process (it
 detaches like the real one: the starting command returns once the daemon is
-ready). The daemon reads control commands from a FIFO named ``control`` in
+ready); ``-f`` runs the same daemon in the foreground (as a daemon pod's
+``dra-driver mps-daemon`` does). The daemon reads control commands from a FIFO named ``control`` in
 ``$CUDA_MPS_PIPE_DIRECTORY``, records each, and exits on ``quit`` or SIGTERM.
 Without ``-d`` the tool forwards its stdin lines to that FIFO. The daemon also
 writes ``/dev/shm/nvidia-mps-emulated.<pid>`` so tests can see which
@@ -130,7 +131,7 @@ def _injected_failure(record: Path, argv: list[str]) -> str | None:
 
 def main(tool: str, record_path: str, argv: list[str]) -> int:
     record = Path(record_path)
-    stdin = "" if tool == NVIDIA_SMI or "-d" in argv else sys.stdin.read()
+    stdin = "" if tool == NVIDIA_SMI or argv in (["-d"], ["-f"]) else sys.stdin.read()
     entry: dict[str, Any] = {"tool": tool, "argv": argv, "pid": os.getpid(), "env": _mps_env()}
     if stdin:
         entry["stdin"] = stdin
@@ -149,6 +150,8 @@ def main(tool: str, record_path: str, argv: list[str]) -> int:
         return _nvidia_smi(record, argv)
     if argv == ["-d"]:
         return _start_daemon(record)
+    if argv == ["-f"]:
+        return _start_daemon(record, foreground=True)
     if argv:
         print(f"{MPS_CONTROL}: unknown arguments {argv}", file=sys.stderr)
         return 2
@@ -187,7 +190,7 @@ def _pipe_dir() -> Path | None:
     return Path(value) if value else None
 
 
-def _start_daemon(record: Path) -> int:
+def _start_daemon(record: Path, *, foreground: bool = False) -> int:
     pipe, log = _pipe_dir(), os.environ.get("CUDA_MPS_LOG_DIRECTORY")
     if pipe is None or not pipe.is_dir() or not log or not Path(log).is_dir():
         print(f"{MPS_CONTROL}: pipe and log directories must exist", file=sys.stderr)
@@ -197,6 +200,9 @@ def _start_daemon(record: Path) -> int:
         print(f"{MPS_CONTROL}: An instance of this daemon is already running", file=sys.stderr)
         return 1
     os.mkfifo(control, 0o600)
+    if foreground:
+        _daemon_loop(record, control, Path(log), None)
+        return 0
     ready_r, ready_w = os.pipe()
     if os.fork() > 0:
         os.close(ready_w)
@@ -211,7 +217,7 @@ def _start_daemon(record: Path) -> int:
     os._exit(0)
 
 
-def _daemon_loop(record: Path, control: Path, log_dir: Path, ready_w: int) -> None:
+def _daemon_loop(record: Path, control: Path, log_dir: Path, ready_w: int | None) -> None:
     pipe_dir = control.parent
 
     def stop(_sig: int, _frame: object) -> None:
@@ -232,8 +238,9 @@ def _daemon_loop(record: Path, control: Path, log_dir: Path, ready_w: int) -> No
     with (log_dir / "control.log").open("a") as logf:
         logf.write(f"[{time.time():.3f}] emulated MPS control daemon {os.getpid()} started\n")
     clients = _load_clients().Daemon(pipe_dir, os.environ.get("CUDA_VISIBLE_DEVICES", ""))
-    os.write(ready_w, b"1")
-    os.close(ready_w)
+    if ready_w is not None:
+        os.write(ready_w, b"1")
+        os.close(ready_w)
     buffered = b""
     with os.fdopen(fd, "rb", buffering=0) as fifo:
         while True:
