@@ -193,8 +193,8 @@ def test_a_burst_s_api_connections_are_kept_for_the_calls_after_it(
 def test_a_slow_api_server_does_not_queue_a_burst_into_timeouts(
     start_plugin: StartPlugin,
 ) -> None:
-    """With every GET taking 1.5 s, 16 prepares at once finish in about one GET's time,
-    not 16 (or a few) rounds of them: a connection for each gRPC worker."""
+    """With every GET taking 1.5 s, 16 prepares at once finish in two GETs' time (one per
+    8 gRPC workers), not 16 (or more) rounds of them: a connection for each worker."""
     run = start_plugin(FakeBackend(supports_parallel_claims=True))
     run.api.claim_get_delay_s = 1.5
     uids = [f"77777777-aaaa-4000-8000-0000000000{i:02d}" for i in range(16)]
@@ -218,7 +218,8 @@ def test_the_first_burst_after_a_start_starts_no_thread(start_plugin: StartPlugi
     uids = [f"66666666-ffff-4000-8000-0000000000{i:02d}" for i in range(16)]
     results = _concurrent_prepares(run, uids)
     assert all(r.claims[u].error == "" for r, u in zip(results, uids, strict=True))
-    assert run.backend.max_active_total > 8  # the started threads do serve calls at once
+    # the started threads do serve calls at once
+    assert run.backend.max_active_total > run.settings.grpc_workers // 2
     assert _grpc_threads() - before == ours
 
 
