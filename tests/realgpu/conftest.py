@@ -8,7 +8,9 @@ import os
 import shutil
 import tempfile
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -56,20 +58,34 @@ def cdi_hook() -> Path:
     return Path(tool("nvidia-cdi-hook"))
 
 
-@pytest.fixture
-def preparer(
-    host: HostPaths, tools: GpuTools, tmp_path: Path, state_dir: Path, cdi_hook: Path
-) -> Iterator[ClaimPreparer]:
+@contextmanager
+def real_preparer(
+    host: HostPaths, tools: GpuTools, cdi_dir: Path, state_dir: Path, cdi_hook: Path,
+    **options: Any,
+) -> Iterator[ClaimPreparer]:  # fmt: skip
+    """A preparer on the real driver that unprepares whatever is left when done
+    (``options``: more :class:`ClaimPreparer` arguments, e.g. ``mps_slots``)."""
     p = ClaimPreparer(
         driver_name="gpu.nvidia.com",
         inventory=lambda: discover(host, log),
         host=host,
-        cdi_dir=tmp_path / "cdi",
+        cdi_dir=cdi_dir,
         state_dir=state_dir,
         logger=log,
         tools=tools,
         cdi_hook=cdi_hook,
+        **options,
     )
-    yield p
-    for ref in p.prepared_claims():  # never leave a policy or daemon behind
-        p.unprepare(ref)
+    try:
+        yield p
+    finally:
+        for ref in p.prepared_claims():  # never leave a policy or daemon behind
+            p.unprepare(ref)
+
+
+@pytest.fixture
+def preparer(
+    host: HostPaths, tools: GpuTools, tmp_path: Path, state_dir: Path, cdi_hook: Path
+) -> Iterator[ClaimPreparer]:
+    with real_preparer(host, tools, tmp_path / "cdi", state_dir, cdi_hook) as p:
+        yield p

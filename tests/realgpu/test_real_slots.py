@@ -15,7 +15,6 @@ daemon, its default limits, the clients through ``mpslaunch`` with the claims'
 from __future__ import annotations
 
 import json
-import logging
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,7 +23,6 @@ from typing import Any
 import pytest
 
 from dra_driver.gpu.consumable import MpsSlots
-from dra_driver.gpu.discovery import discover
 from dra_driver.gpu.hostpaths import HostPaths
 from dra_driver.gpu.inventory import Gpu, Inventory
 from dra_driver.gpu.preparing import ClaimPreparer
@@ -32,6 +30,7 @@ from dra_driver.gpu.shares import can_enforce
 from dra_driver.gpu.sharing import GpuCommands, GpuTools
 from dra_driver.gpu.slots import MEMORY_STEP
 from tests.prepare.hosttree import share_claim
+from tests.realgpu.conftest import real_preparer
 from tests.realgpu.realhost import (
     Client,
     compute_mode,
@@ -43,7 +42,6 @@ from tests.realgpu.realhost import (
 
 OOM = 2  # CUDA_ERROR_OUT_OF_MEMORY
 GIB = 1024**3
-log = logging.getLogger("test.realgpu.slots")
 
 
 @pytest.fixture
@@ -73,20 +71,9 @@ def slot_preparer(
     host: HostPaths, tools: GpuTools, tmp_path: Path, state_dir: Path, cdi_hook: Path,
     gpu: Gpu, mode_changes: list[tuple[str, str]],
 ) -> Iterator[ClaimPreparer]:  # fmt: skip
-    p = ClaimPreparer(
-        driver_name="gpu.nvidia.com",
-        inventory=lambda: discover(host, log),
-        host=host,
-        cdi_dir=tmp_path / "cdi",
-        state_dir=state_dir,
-        logger=log,
-        tools=tools,
-        cdi_hook=cdi_hook,
-        mps_slots=MpsSlots.parse(f"{gpu.uuid}=4"),
-    )
-    yield p
-    for ref in p.prepared_claims():
-        p.unprepare(ref)
+    slots = MpsSlots.parse(f"{gpu.uuid}=4")
+    with real_preparer(host, tools, tmp_path / "cdi", state_dir, cdi_hook, mps_slots=slots) as p:
+        yield p
 
 
 def test_two_namespaces_share_one_slot_daemon_each_held_to_one_slot(
