@@ -51,10 +51,10 @@ def test_values_change_what_the_plugin_does(helm: Path, monkeypatch) -> None:
         helm, "--set", "health.fatalTaintEffect=NoExecute", "--set", "health.ignoredXids={13,74}",
         "--set", "health.healthyPeriodSeconds=300", "--set", "numaAttributeForm=list",
         "--set", "metrics.usageIntervalSeconds=0", "--set", "claimStatus=false",
-        "--set", "health.monitor=false",
+        "--set", "health.monitor=false", "--set", "mpsDaemons=process",
     )  # fmt: skip
     pod = daemonset_pod(objs)
-    assert "hostPID" not in pod
+    assert "hostPID" not in pod  # neither usage sampling nor MPS daemon pods need it
     args = plugin_args(pod, monkeypatch)
     assert observability.health_policy(args) is None
     assert (args.usage_interval, args.claim_status, args.numa_attribute_form) == (0, False, "list")
