@@ -62,6 +62,19 @@ def share(
     if uuid is not None:
         cel = f"device.attributes['{DRIVER}'].uuid == '{uuid}'"
         exactly["selectors"] = [{"cel": {"expression": cel}}]
+    claim_and_pod(cluster, ns, name, node, exactly, capacity)
+
+
+def claim_and_pod(
+    cluster: Cluster,
+    ns: str,
+    name: str,
+    node: str,
+    exactly: dict[str, Any],
+    capacity: dict[str, str] | None = None,
+) -> None:
+    """A claim ``name`` with one request ``gpu`` (``exactly``, with ``capacity`` when
+    given), and a pod ``name`` on ``node`` using it."""
     if capacity:
         exactly["capacity"] = {"requests": capacity}
     cluster.apply(

@@ -22,7 +22,7 @@ from tests.cluster.test_allocation import (
     emulated_inventory,
     stays_unallocated,
 )
-from tests.cluster.test_consumable import delete, result
+from tests.cluster.test_consumable import claim_and_pod, delete, result
 
 SLOT = {"memory": "5758Mi", "computeShare": "25"}
 """One of four slots of an L4 (23034 MiB / 4, rounded down to a MiB; 100 % / 4)."""
@@ -57,35 +57,7 @@ def slot(
     # A GPU without the attribute: "in" first (a missing key is an error, not false).
     cel = f"'mpsSlots' in {attrs} && {attrs}.mpsSlots == 4"
     exactly: dict[str, Any] = {"deviceClassName": GPU, "selectors": [{"cel": {"expression": cel}}]}
-    if capacity:
-        exactly["capacity"] = {"requests": capacity}
-    cluster.apply(
-        {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "ResourceClaim",
-            "metadata": {"name": name, "namespace": ns},
-            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}},
-        }
-    )
-    cluster.apply(
-        {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": name, "namespace": ns},
-            "spec": {
-                "nodeSelector": {"kubernetes.io/hostname": node},
-                "resourceClaims": [{"name": "gpu", "resourceClaimName": name}],
-                "containers": [
-                    {
-                        "name": "main",
-                        "image": "registry.invalid/pause:1",
-                        "resources": {"claims": [{"name": "gpu"}]},
-                    }
-                ],
-                "terminationGracePeriodSeconds": 0,
-            },
-        }
-    )
+    claim_and_pod(cluster, ns, name, node, exactly, capacity)
 
 
 def test_four_slots_then_the_fifth_waits_with_the_schedulers_reason(
