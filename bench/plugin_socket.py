@@ -7,7 +7,9 @@ for the first call, so ``--help`` stays quick.
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -142,3 +144,12 @@ def running_plugin(
     finally:
         child.terminate()
         child.wait(timeout=stop_s)
+
+
+def finish(report: dict[str, Any], work: Path) -> int:
+    """The report, with the load average, printed; ``work`` removed (a failed run, which
+    does not get here, keeps it: its logs). The exit status."""
+    report["load_average"] = [round(x, 2) for x in os.getloadavg()]
+    print(json.dumps(report, indent=2))
+    shutil.rmtree(work, ignore_errors=True)
+    return 0

@@ -22,9 +22,6 @@ Run (root, for the tmpfs mounts): ``.venv/bin/python -m bench.share_prepare [--r
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import shutil
 import statistics
 import sys
 import tempfile
@@ -38,6 +35,7 @@ from bench.plugin_socket import (
     allocated_claim,
     bench_node,
     cpu_ms,
+    finish,
     rss_mb,
     running_plugin,
     summary,
@@ -150,10 +148,7 @@ def main() -> int:
             }
             report["unprepare_with_k_shares"] = summary(unprep)
             call("unprepare", claims[0])
-    report["load_average"] = [round(x, 2) for x in os.getloadavg()]
-    print(json.dumps(report, indent=2))
-    shutil.rmtree(work, ignore_errors=True)  # a failed run keeps it: its logs
-    return 0
+    return finish(report, work)
 
 
 if __name__ == "__main__":

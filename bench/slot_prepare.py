@@ -20,9 +20,6 @@ Run (root, for the tmpfs mounts): ``.venv/bin/python -m bench.slot_prepare [--ro
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import shutil
 import sys
 import tempfile
 import time
@@ -34,6 +31,7 @@ from bench.plugin_socket import (
     DRIVER,
     allocated_claim,
     bench_node,
+    finish,
     rss_mb,
     running_plugin,
     summary,
@@ -106,10 +104,7 @@ def main() -> int:
             report["daemons_with_32_slots"] = daemons
             for claim in claims.values():
                 call("unprepare", claim)
-    report["load_average"] = [round(x, 2) for x in os.getloadavg()]
-    print(json.dumps(report, indent=2))
-    shutil.rmtree(work, ignore_errors=True)  # a failed run keeps it: its logs
-    return 0
+    return finish(report, work)
 
 
 if __name__ == "__main__":

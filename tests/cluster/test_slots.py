@@ -6,23 +6,20 @@ slot frees exactly one."""
 
 from __future__ import annotations
 
-import secrets
 from typing import Any
 
 import pytest
 
-from dra_driver.commands.slices import resource_slices
 from dra_driver.devcluster import Cluster
 from dra_driver.gpu.consumable import MpsSlots
 from tests.cluster.test_allocation import (
     DRIVER,
     GPU,
-    RESOURCE,
     apply_deviceclasses,
     emulated_inventory,
     stays_unallocated,
 )
-from tests.cluster.test_consumable import claim_and_pod, delete, result
+from tests.cluster.test_consumable import claim_and_pod, delete, published_node, result
 
 SLOT = {"memory": "5758Mi", "computeShare": "25"}
 """One of four slots of an L4 (23034 MiB / 4, rounded down to a MiB; 100 % / 4)."""
@@ -34,17 +31,7 @@ def slot_gpu(cluster: Cluster) -> tuple[str, str]:
     apply_deviceclasses(cluster)
     inventory = emulated_inventory("l4-x4")
     gpu = inventory.gpus[1]
-    name = f"slots-{secrets.token_hex(3)}"
-    node = cluster.create_node(name)
-    for s in resource_slices(
-        inventory,
-        driver_name=DRIVER,
-        node_name=name,
-        node_uid=node["metadata"]["uid"],
-        slots=MpsSlots.parse(f"{gpu.uuid}=4"),
-    ):
-        stored = cluster.rest.create(f"{RESOURCE}/resourceslices", s)
-        assert stored["spec"] == s["spec"]  # validValues, mpsSlots kept as published
+    name = published_node(cluster, inventory, "slots", slots=MpsSlots.parse(f"{gpu.uuid}=4"))
     return name, f"gpu-{gpu.minor}"
 
 
