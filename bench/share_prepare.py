@@ -22,11 +22,7 @@ Run (root, for the tmpfs mounts): ``.venv/bin/python -m bench.share_prepare [--r
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -34,43 +30,24 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-DRIVER = "gpu.nvidia.com"
+from bench.plugin_socket import (
+    DRIVER,
+    allocated_claim,
+    bench_node,
+    cpu_ms,
+    finish,
+    rss_mb,
+    running_plugin,
+    summary,
+)
+
 NODE = "bench-share-node"
 PROFILE = Path(__file__).parents[1] / "tests" / "e2e" / "data" / "h100-r615.yaml"
 
 
-def _summary(ms: list[float]) -> dict[str, float]:
-    ordered = sorted(ms)
-    p99 = ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
-    return {"n": len(ms), "p50_ms": round(statistics.median(ms), 1), "p99_ms": round(p99, 1)}
-
-
-def _rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return round(int(line.split()[1]) / 1024, 1)
-    raise SystemExit(f"no VmRSS for {pid}")
-
-
-def _cpu_ms(pid: int) -> float:
-    """User + system CPU time of the process itself (not its children), ms."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) * 1000 / os.sysconf("SC_CLK_TCK")
-
-
 def _share(cluster: Any, ns: str, name: str, memory: str) -> str:
     """A claim with one share of gpu-0, allocated as the scheduler records it."""
-    obj = cluster.apply(
-        {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "ResourceClaim",
-            "metadata": {"name": name, "namespace": ns},
-            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
-                "deviceClassName": "gpu.nvidia.com",
-                "capacity": {"requests": {"memory": memory}},
-            }}]}},
-        }
-    )  # fmt: skip
+    exactly = {"deviceClassName": "gpu.nvidia.com", "capacity": {"requests": {"memory": memory}}}
     result = {
         "request": "gpu",
         "driver": DRIVER,
@@ -79,11 +56,7 @@ def _share(cluster: Any, ns: str, name: str, memory: str) -> str:
         "shareID": str(uuid.uuid4()),
         "consumedCapacity": {"memory": memory, "computeShare": "0"},
     }
-    obj["status"] = {"allocation": {"devices": {"results": [result]}}}
-    cluster.rest.request(
-        "PUT", f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/{name}/status", obj
-    )
-    return str(obj["metadata"]["uid"])
+    return allocated_claim(cluster, ns, name, exactly, [result])
 
 
 def main() -> int:
@@ -93,68 +66,28 @@ def main() -> int:
     parser.add_argument("--probes", type=int, default=7, help="probe prepares per level")
     args = parser.parse_args()
 
-    import grpc
-
     from dra_driver.devcluster import Cluster, find_binaries
-    from dra_driver.plugin._proto import dra_v1_pb2, dra_v1_pb2_grpc
-    from tests.plugin.clusterkit import apply_rbac, node_bound_kubeconfig
 
     work = Path(tempfile.mkdtemp(prefix="dra-share-bench-", dir="/tmp"))
     with Cluster(find_binaries(), work / "cluster") as cluster:
-        apply_rbac(cluster)
-        node = cluster.create_node(NODE)
-        kubeconfig = node_bound_kubeconfig(cluster, node)
         ns = "share-bench"
-        cluster.create_namespace(ns)
+        kubeconfig = bench_node(cluster, NODE, ns)
         n = max(args.shares, 48)
         claims = [(f"s{i}", _share(cluster, ns, f"s{i}", "512Mi")) for i in range(n + 2)]
-        plugins = work / "plugins"
-        child = subprocess.Popen(
-            [
-                sys.executable, "-m", "dra_driver", "kubelet-plugin",
-                f"--node-name={NODE}", f"--driver-name={DRIVER}", f"--emulate={PROFILE}",
-                "--consumable-gpus=all",
-                f"--host-root={work / 'host'}", f"--cdi-dir={work / 'cdi'}",
-                f"--state-dir={work / 'state'}", f"--kubelet-registry-dir={work / 'registry'}",
-                f"--kubelet-plugins-dir={plugins}", f"--kubeconfig={kubeconfig}",
-            ],
-            stderr=subprocess.DEVNULL,
-        )  # fmt: skip
-        try:
-            sock = plugins / DRIVER / "dra.sock"
-            deadline = time.monotonic() + 60
-            while not sock.exists():
-                if time.monotonic() > deadline or child.poll() is not None:
-                    raise SystemExit("plugin did not start")
-                time.sleep(0.1)
-            stub = dra_v1_pb2_grpc.DRAPluginStub(grpc.insecure_channel(f"unix:{sock}"))
-
-            def call(kind: str, claim: tuple[str, str]) -> float:
-                ref = dra_v1_pb2.Claim(namespace=ns, name=claim[0], uid=claim[1])
-                start = time.perf_counter()
-                if kind == "prepare":
-                    resp: Any = stub.NodePrepareResources(
-                        dra_v1_pb2.NodePrepareResourcesRequest(claims=[ref]), timeout=45
-                    )
-                else:
-                    resp = stub.NodeUnprepareResources(
-                        dra_v1_pb2.NodeUnprepareResourcesRequest(claims=[ref]), timeout=45
-                    )
-                elapsed = (time.perf_counter() - start) * 1000
-                if resp.claims[claim[1]].error:
-                    raise SystemExit(f"{kind} {claim[0]}: {resp.claims[claim[1]].error}")
-                return elapsed
+        flags = [f"--emulate={PROFILE}", "--consumable-gpus=all"]
+        with running_plugin(work, NODE, kubeconfig, flags, ns) as (child, kubelet):
+            call = kubelet.call
 
             time.sleep(1)
             report: dict[str, Any] = {"node": "emulated 2 x H100, driver 615.20.01"}
-            report["plugin_rss_idle_mb"] = _rss_mb(child.pid)
+            report["plugin_rss_idle_mb"] = rss_mb(child.pid)
             first, last = [], []
             for _ in range(args.rounds + 2):
                 first.append(call("prepare", claims[0]))
                 last.append(call("unprepare", claims[0]))
             report["first_share"] = {
-                "prepare": _summary(first[2:]),
-                "unprepare_last": _summary(last[2:]),
+                "prepare": summary(first[2:]),
+                "unprepare_last": summary(last[2:]),
             }
             call("prepare", claims[0])
             later, later_un = [], []
@@ -162,8 +95,8 @@ def main() -> int:
                 later.append(call("prepare", claims[1]))
                 later_un.append(call("unprepare", claims[1]))
             report["later_share"] = {
-                "prepare": _summary(later[2:]),
-                "unprepare": _summary(later_un[2:]),
+                "prepare": summary(later[2:]),
+                "unprepare": summary(later_un[2:]),
             }
             call("unprepare", claims[0])
 
@@ -178,10 +111,10 @@ def main() -> int:
 
             def probes(k: int) -> None:
                 for _ in range(args.probes):
-                    before = _cpu_ms(child.pid)
+                    before = cpu_ms(child.pid)
                     wall[k].append(call("prepare", probe))
                     call("unprepare", probe)
-                    cpu[k].append(_cpu_ms(child.pid) - before)
+                    cpu[k].append(cpu_ms(child.pid) - before)
 
             kept = 0
             for k in levels:
@@ -189,9 +122,9 @@ def main() -> int:
                     call("prepare", claims[kept])
                     kept += 1
                 if k == 48:
-                    report["plugin_rss_48_shares_mb"] = _rss_mb(child.pid)
+                    report["plugin_rss_48_shares_mb"] = rss_mb(child.pid)
                 probes(k)
-            report["plugin_rss_with_shares_mb"] = {"shares": kept, "rss": _rss_mb(child.pid)}
+            report["plugin_rss_with_shares_mb"] = {"shares": kept, "rss": rss_mb(child.pid)}
             unprep = []
             for k in reversed(levels):
                 while kept > k:
@@ -213,15 +146,9 @@ def main() -> int:
                     str(k): round(statistics.median(v), 1) for k, v in cpu.items()
                 },
             }
-            report["unprepare_with_k_shares"] = _summary(unprep)
+            report["unprepare_with_k_shares"] = summary(unprep)
             call("unprepare", claims[0])
-        finally:
-            child.terminate()
-            child.wait(timeout=60)
-    report["load_average"] = [round(x, 2) for x in os.getloadavg()]
-    print(json.dumps(report, indent=2))
-    shutil.rmtree(work, ignore_errors=True)  # a failed run keeps it: its logs
-    return 0
+    return finish(report, work)
 
 
 if __name__ == "__main__":

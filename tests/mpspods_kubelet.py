@@ -13,7 +13,6 @@ holds by itself; a mount at another path is recorded, not made (no ``/dev/shm`` 
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -21,12 +20,13 @@ import sys
 import threading
 import time
 import uuid
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
 from dra_driver.plugin.kubeclient import KubeClient
+from tests.plugin.fakes import JsonHandler
 
 
 class PodKubelet:
@@ -39,24 +39,7 @@ class PodKubelet:
         self._stopping = False
         kubelet = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-            def _send(self, status: int, body: dict[str, Any]) -> None:
-                data = json.dumps(body).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def _body(self) -> dict[str, Any]:
-                n = int(self.headers.get("Content-Length") or 0)
-                return json.loads(self.rfile.read(n)) if n else {}
-
+        class Handler(JsonHandler):
             def _route(self) -> tuple[str, str | None, dict[str, list[str]]]:
                 url = urlparse(self.path)
                 parts = url.path.strip("/").split("/")  # api v1 namespaces NS pods [NAME]

@@ -16,6 +16,7 @@ from dra_driver.commands.slices import resource_slices
 from dra_driver.demo.stack import load_examples, pin_to_node
 from dra_driver.devcluster import ApiError, Cluster, wait_until
 from dra_driver.gpu.consumable import ConsumableGpus
+from dra_driver.gpu.inventory import Inventory
 from tests.cluster.test_allocation import (
     DRIVER,
     GPU,
@@ -35,18 +36,22 @@ def shared_gpu(cluster: Cluster) -> tuple[str, str]:
     apply_deviceclasses(cluster)
     inventory = emulated_inventory("dgx-a100")
     uuid = inventory.gpus[3].uuid
-    name = f"consumable-{secrets.token_hex(3)}"
+    consumable = ConsumableGpus(names=frozenset({uuid}))
+    return published_node(cluster, inventory, "consumable", consumable=consumable), uuid
+
+
+def published_node(cluster: Cluster, inventory: Inventory, prefix: str, **options: Any) -> str:
+    """A node ``<prefix>-<hex>`` and its ``inventory``'s ResourceSlices (``options``:
+    :func:`resource_slices`'), stored as published; its name."""
+    name = f"{prefix}-{secrets.token_hex(3)}"
     node = cluster.create_node(name)
     for s in resource_slices(
-        inventory,
-        driver_name=DRIVER,
-        node_name=name,
-        node_uid=node["metadata"]["uid"],
-        consumable=ConsumableGpus(names=frozenset({uuid})),
+        inventory, driver_name=DRIVER, node_name=name, node_uid=node["metadata"]["uid"], **options
     ):
         stored = cluster.rest.create(f"{RESOURCE}/resourceslices", s)
-        assert stored["spec"] == s["spec"]  # policies and allowMultipleAllocations kept
-    return name, uuid
+        # policies, allowMultipleAllocations, validValues and mpsSlots kept
+        assert stored["spec"] == s["spec"]
+    return name
 
 
 def share(
@@ -62,6 +67,19 @@ def share(
     if uuid is not None:
         cel = f"device.attributes['{DRIVER}'].uuid == '{uuid}'"
         exactly["selectors"] = [{"cel": {"expression": cel}}]
+    claim_and_pod(cluster, ns, name, node, exactly, capacity)
+
+
+def claim_and_pod(
+    cluster: Cluster,
+    ns: str,
+    name: str,
+    node: str,
+    exactly: dict[str, Any],
+    capacity: dict[str, str] | None = None,
+) -> None:
+    """A claim ``name`` with one request ``gpu`` (``exactly``, with ``capacity`` when
+    given), and a pod ``name`` on ``node`` using it."""
     if capacity:
         exactly["capacity"] = {"requests": capacity}
     cluster.apply(

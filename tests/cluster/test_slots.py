@@ -6,23 +6,20 @@ slot frees exactly one."""
 
 from __future__ import annotations
 
-import secrets
 from typing import Any
 
 import pytest
 
-from dra_driver.commands.slices import resource_slices
 from dra_driver.devcluster import Cluster
 from dra_driver.gpu.consumable import MpsSlots
 from tests.cluster.test_allocation import (
     DRIVER,
     GPU,
-    RESOURCE,
     apply_deviceclasses,
     emulated_inventory,
     stays_unallocated,
 )
-from tests.cluster.test_consumable import delete, result
+from tests.cluster.test_consumable import claim_and_pod, delete, published_node, result
 
 SLOT = {"memory": "5758Mi", "computeShare": "25"}
 """One of four slots of an L4 (23034 MiB / 4, rounded down to a MiB; 100 % / 4)."""
@@ -34,17 +31,7 @@ def slot_gpu(cluster: Cluster) -> tuple[str, str]:
     apply_deviceclasses(cluster)
     inventory = emulated_inventory("l4-x4")
     gpu = inventory.gpus[1]
-    name = f"slots-{secrets.token_hex(3)}"
-    node = cluster.create_node(name)
-    for s in resource_slices(
-        inventory,
-        driver_name=DRIVER,
-        node_name=name,
-        node_uid=node["metadata"]["uid"],
-        slots=MpsSlots.parse(f"{gpu.uuid}=4"),
-    ):
-        stored = cluster.rest.create(f"{RESOURCE}/resourceslices", s)
-        assert stored["spec"] == s["spec"]  # validValues, mpsSlots kept as published
+    name = published_node(cluster, inventory, "slots", slots=MpsSlots.parse(f"{gpu.uuid}=4"))
     return name, f"gpu-{gpu.minor}"
 
 
@@ -57,35 +44,7 @@ def slot(
     # A GPU without the attribute: "in" first (a missing key is an error, not false).
     cel = f"'mpsSlots' in {attrs} && {attrs}.mpsSlots == 4"
     exactly: dict[str, Any] = {"deviceClassName": GPU, "selectors": [{"cel": {"expression": cel}}]}
-    if capacity:
-        exactly["capacity"] = {"requests": capacity}
-    cluster.apply(
-        {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "ResourceClaim",
-            "metadata": {"name": name, "namespace": ns},
-            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}},
-        }
-    )
-    cluster.apply(
-        {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": name, "namespace": ns},
-            "spec": {
-                "nodeSelector": {"kubernetes.io/hostname": node},
-                "resourceClaims": [{"name": "gpu", "resourceClaimName": name}],
-                "containers": [
-                    {
-                        "name": "main",
-                        "image": "registry.invalid/pause:1",
-                        "resources": {"claims": [{"name": "gpu"}]},
-                    }
-                ],
-                "terminationGracePeriodSeconds": 0,
-            },
-        }
-    )
+    claim_and_pod(cluster, ns, name, node, exactly, capacity)
 
 
 def test_four_slots_then_the_fifth_waits_with_the_schedulers_reason(

@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+from dra_driver.demo.realgpupod import RealGpuNodePod
+from dra_driver.devcluster import Cluster
+from dra_driver.devcluster.binaries import NodeBinaries
+from dra_driver.devcluster.node import NodeImage
+from tests.conftest import start_real_node
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "deploy" / "chart"
@@ -52,3 +61,39 @@ def strip_labels(obj: dict[str, Any]) -> dict[str, Any]:
 
 def by_kind_name(objs: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
     return {(o["kind"], o["metadata"]["name"]): o for o in objs}
+
+
+@contextmanager
+def chart_pod_node(
+    cluster: Cluster,
+    binaries: NodeBinaries,
+    helm: Path,
+    image: tuple[Path, str],
+    profile: str | Path,
+    values: dict[str, str] | None = None,
+    *,
+    prefix: str = "mp",
+) -> Iterator[RealGpuNodePod]:
+    """A real node (node names start with ``prefix``) whose plugin is the chart's
+    DaemonSet pod from the locally built ``image`` (``mpsDaemons``: the chart's default),
+    on the emulated ``profile`` (a file: copied under the emulated host root)."""
+    archive, ref = image
+    real = start_real_node(cluster, binaries, prefix=prefix)
+    try:
+        real.import_image(NodeImage(archive, ref))
+        workdir = real.paths.workdir / "gpu"
+        if isinstance(profile, Path):  # the plugin pod sees files under the emulated root
+            (workdir / "host").mkdir(parents=True)
+            profile = str(shutil.copy(profile, workdir / "host" / profile.name))
+        gpu = RealGpuNodePod(image=ref, cluster=cluster, node=real, profile=profile,
+                             workdir=workdir, helm=helm, chart_dir=CHART)  # fmt: skip
+        gpu.values.update(values or {})
+        assert "mpsDaemons" not in gpu.values  # the chart's default: pod
+        try:
+            gpu.start()
+            yield gpu
+        finally:
+            gpu.stop()
+    finally:
+        real.stop()
+        real.remove_workdir()

@@ -33,34 +33,56 @@ def share_pod(
     """A claim for a share of the node's gpu-0 and a pod that prints what it got."""
     uuid = device_attributes(node, "gpu-0")["uuid"]
     cel = f"device.attributes['gpu.nvidia.com'].uuid == '{uuid}'"
+    exactly = {
+        "deviceClassName": "gpu.nvidia.com",
+        "selectors": [{"cel": {"expression": cel}}],
+        "capacity": {"requests": capacity},
+    }
+    return claim_and_pod(node.name, ns, name, {"requests": [gpu_request(exactly)]}, SHOW)
+
+
+def gpu_request(exactly: dict[str, Any]) -> dict[str, Any]:
+    """The request ``gpu`` that :func:`claim_and_pod`'s container uses."""
+    return {"name": "gpu", "exactly": exactly}
+
+
+def claim_and_pod(
+    node_name: str,
+    ns: str,
+    name: str,
+    devices: dict[str, Any],
+    script: str,
+    *,
+    env: dict[str, str] | None = None,
+    grace_s: int | None = None,
+) -> list[dict[str, Any]]:
+    """A claim ``name`` (``spec.devices``: ``devices``) and a pod ``name`` on
+    ``node_name`` whose busybox container runs ``script`` with the claim's request
+    ``gpu`` (and ``env``; ``grace_s``: its termination grace period)."""
     claim = {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaim",
         "metadata": {"name": name, "namespace": ns},
-        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
-            "deviceClassName": "gpu.nvidia.com",
-            "selectors": [{"cel": {"expression": cel}}],
-            "capacity": {"requests": capacity},
-        }}]}},
-    }  # fmt: skip
-    pod = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": ns},
-        "spec": {
-            "restartPolicy": "Never",
-            "resourceClaims": [{"name": "gpu", "resourceClaimName": name}],
-            "containers": [
-                {
-                    "name": "main",
-                    "image": "busybox:1.36",
-                    "command": ["sh", "-c", SHOW],
-                    "resources": {"claims": [{"name": "gpu"}]},
-                }
-            ],
-        },
+        "spec": {"devices": devices},
     }
-    return [claim, *pin_to_node([pod], node.name)]
+    container: dict[str, Any] = {
+        "name": "main",
+        "image": "busybox:1.36",
+        "command": ["sh", "-c", script],
+        "resources": {"claims": [{"name": "gpu"}]},
+    }
+    if env is not None:
+        container["env"] = [{"name": k, "value": v} for k, v in env.items()]
+    spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "resourceClaims": [{"name": "gpu", "resourceClaimName": name}],
+        "containers": [container],
+    }
+    if grace_s is not None:
+        spec["terminationGracePeriodSeconds"] = grace_s
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": ns},
+           "spec": spec}  # fmt: skip
+    return [claim, *pin_to_node([pod], node_name)]
 
 
 def daemons(node: Node) -> dict[str, int]:

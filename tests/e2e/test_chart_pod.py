@@ -19,9 +19,7 @@ from dra_driver.demo.realgpupod import RealGpuNodePod
 from dra_driver.demo.stack import load_examples, pin_to_node
 from dra_driver.devcluster import Cluster, wait_until
 from dra_driver.devcluster.binaries import NodeBinaries
-from dra_driver.devcluster.node import NodeImage
-from tests.conftest import start_real_node
-from tests.e2e.helm import CHART, ROOT
+from tests.e2e.helm import ROOT, chart_pod_node
 from tests.e2e.scenarios import EXAMPLES, claim_name_of, get_claim, plugin_records
 
 
@@ -33,22 +31,10 @@ def chart_node(
     helm_binary: Path,
     plugin_image: tuple[Path, str],
 ) -> Iterator[RealGpuNodePod]:
-    archive, ref = plugin_image
-    node = start_real_node(cluster, node_binaries, prefix="cp")
-    try:
-        node.import_image(NodeImage(archive, ref))
-        gpu = RealGpuNodePod(
-            image=ref, cluster=cluster, node=node, profile="dgx-a100",
-            workdir=node.paths.workdir / "gpu", helm=helm_binary, chart_dir=CHART,
-        )  # fmt: skip
-        try:
-            gpu.start()
-            yield gpu
-        finally:
-            gpu.stop()
-    finally:
-        node.stop()
-        node.remove_workdir()
+    with chart_pod_node(
+        cluster, node_binaries, helm_binary, plugin_image, "dgx-a100", prefix="cp"
+    ) as gpu:
+        yield gpu
 
 
 def registry(node: RealGpuNodePod) -> list[str]:

@@ -20,12 +20,10 @@ import contextlib
 import json
 import os
 import secrets
-import shutil
 import statistics
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -33,14 +31,12 @@ import pytest
 
 from dra_driver.demo.realgpu import DONE_MARKER
 from dra_driver.demo.realgpupod import RealGpuNodePod
-from dra_driver.demo.stack import pin_to_node
 from dra_driver.devcluster import Cluster, wait_until
 from dra_driver.devcluster.binaries import NodeBinaries
-from dra_driver.devcluster.node import NodeImage, parse_cri_log
-from tests.conftest import start_real_node
-from tests.e2e.helm import CHART
+from dra_driver.devcluster.node import parse_cri_log
+from tests.e2e.helm import chart_pod_node
 from tests.e2e.scenarios import pids_alive, plugin_records
-from tests.e2e.shares import daemons
+from tests.e2e.shares import claim_and_pod, daemons, gpu_request
 
 CLIENT = (
     'P=$CUDA_MPS_PIPE_DIRECTORY; echo "client $POD - -" > $P/control; '
@@ -55,38 +51,6 @@ LIMIT = "1Gi"
 SLOT_PROFILE = Path(__file__).parent / "data" / "l4-r580.yaml"
 
 
-@contextmanager
-def chart_node(
-    cluster: Cluster,
-    binaries: NodeBinaries,
-    helm: Path,
-    image: tuple[Path, str],
-    profile: str | Path,
-    values: dict[str, str] | None = None,
-) -> Iterator[RealGpuNodePod]:
-    """A real node whose plugin is the chart's DaemonSet pod (``mpsDaemons`` default)."""
-    archive, ref = image
-    real = start_real_node(cluster, binaries, prefix="mp")
-    try:
-        real.import_image(NodeImage(archive, ref))
-        workdir = real.paths.workdir / "gpu"
-        if isinstance(profile, Path):  # the plugin pod sees files under the emulated root
-            (workdir / "host").mkdir(parents=True)
-            profile = str(shutil.copy(profile, workdir / "host" / profile.name))
-        gpu = RealGpuNodePod(image=ref, cluster=cluster, node=real, profile=profile,
-                             workdir=workdir, helm=helm, chart_dir=CHART)  # fmt: skip
-        gpu.values.update(values or {})
-        assert "mpsDaemons" not in gpu.values  # the chart's default: pod
-        try:
-            gpu.start()
-            yield gpu
-        finally:
-            gpu.stop()
-    finally:
-        real.stop()
-        real.remove_workdir()
-
-
 @pytest.fixture(scope="module")
 def node(
     cluster: Cluster,
@@ -95,7 +59,7 @@ def node(
     helm_binary: Path,
     plugin_image: tuple[Path, str],
 ) -> Iterator[RealGpuNodePod]:
-    with chart_node(cluster, node_binaries, helm_binary, plugin_image, "dgx-a100") as gpu:
+    with chart_pod_node(cluster, node_binaries, helm_binary, plugin_image, "dgx-a100") as gpu:
         yield gpu
 
 
@@ -108,7 +72,7 @@ def slot_node(
     plugin_image: tuple[Path, str],
 ) -> Iterator[RealGpuNodePod]:
     """Four L4s on a 580 driver, each split into four MPS slots (one daemon per GPU)."""
-    with chart_node(cluster, node_binaries, helm_binary, plugin_image, SLOT_PROFILE,
+    with chart_pod_node(cluster, node_binaries, helm_binary, plugin_image, SLOT_PROFILE,
                     {"mpsSlots": "NVIDIA L4=4"}) as gpu:  # fmt: skip
         yield gpu
 
@@ -131,39 +95,14 @@ def mps_objects(ns: str, name: str, node: str, pct: int | None) -> list[dict[str
         },
     }
     exactly: dict[str, Any] = {"deviceClassName": "gpu.nvidia.com"}
-    devices: dict[str, Any] = {"requests": [{"name": "gpu", "exactly": exactly}]}
+    devices: dict[str, Any] = {"requests": [gpu_request(exactly)]}
     if pct is None:  # a slot: the policy's one slot of a slot GPU's gpu-0
         attrs = "device.attributes['gpu.nvidia.com']"
         exactly["selectors"] = [{"cel": {"expression": f"'mpsSlots' in {attrs} && "
                                                        f"{attrs}.index == 0"}}]  # fmt: skip
     else:
         devices["config"] = [{"requests": ["gpu"], "opaque": config}]
-    claim = {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaim",
-        "metadata": {"name": name, "namespace": ns},
-        "spec": {"devices": devices},
-    }
-    pod = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": ns},
-        "spec": {
-            "restartPolicy": "Never",
-            "terminationGracePeriodSeconds": 1,
-            "resourceClaims": [{"name": "gpu", "resourceClaimName": name}],
-            "containers": [
-                {
-                    "name": "main",
-                    "image": "busybox:1.36",
-                    "command": ["sh", "-c", CLIENT],
-                    "env": [{"name": "POD", "value": name}],
-                    "resources": {"claims": [{"name": "gpu"}]},
-                }
-            ],
-        },
-    }
-    return [claim, *pin_to_node([pod], node)]
+    return claim_and_pod(node, ns, name, devices, CLIENT, env={"POD": name}, grace_s=1)
 
 
 class Sampler:
@@ -263,6 +202,24 @@ def wait_replaced(node: RealGpuNodePod, old: dict[str, Any]) -> None:
     )
 
 
+def adopted_and_serving(
+    node: RealGpuNodePod, ids: list[str], served: dict[str, int], plugin: str, after: str
+) -> None:
+    """Until ``plugin`` (the current plugin pod) logged adopting the daemons ``ids`` and
+    each client of ``served`` (name -> its daemon's PID) allocates through it again."""
+    wait_until(
+        lambda: sorted(adoptions(node, node.pod_uid)) == ids,
+        timeout=30,
+        what=f"{plugin} adopted both daemons",
+    )
+    now = {n: allocated(node, n) for n in served}
+    wait_until(
+        lambda: all(allocating(node, n, served[n], now[n]) for n in served),
+        timeout=15,
+        what=f"clients still allocate through the same daemons after {after}",
+    )
+
+
 def host_mounts_under(path: Path) -> list[str]:
     lines = Path("/proc/self/mountinfo").read_text().splitlines()
     return [p for p in (line.split()[4] for line in lines) if p.startswith(f"{path}/")]
@@ -336,33 +293,13 @@ def survive(
             describe=node.describe_plugin,
         )
         node.wait_ready()
-        wait_until(
-            lambda: sorted(adoptions(node, node.pod_uid)) == ids,
-            timeout=30,
-            what="the restarted plugin adopted both daemons",
-        )
-        now = {n: allocated(node, n) for n in names}
-        wait_until(
-            lambda: all(allocating(node, n, served[n], now[n]) for n in names),
-            timeout=15,
-            what="clients still allocate through the same daemons after the SIGKILL",
-        )
+        adopted_and_serving(node, ids, served, "the restarted plugin", "the SIGKILL")
 
         # (b) Rolling update: a new plugin pod beside the old one (surge), then alone.
         (old_pod,) = node.plugin_pods()
         node.roll()
         wait_replaced(node, old_pod)
-        wait_until(
-            lambda: sorted(adoptions(node, node.pod_uid)) == ids,
-            timeout=30,
-            what="the new plugin pod adopted both daemons",
-        )
-        now = {n: allocated(node, n) for n in names}
-        wait_until(
-            lambda: all(allocating(node, n, served[n], now[n]) for n in names),
-            timeout=15,
-            what="clients still allocate through the same daemons after the rolling update",
-        )
+        adopted_and_serving(node, ids, served, "the new plugin pod", "the rolling update")
     assert daemons(node) == before  # same daemons, same PIDs
     assert {p["metadata"]["uid"] for p in node.daemon_pods()} == daemon_pod_uids
     for name, ns in clients.items():

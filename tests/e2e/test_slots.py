@@ -18,12 +18,19 @@ from typing import Any
 import pytest
 
 from dra_driver.demo.realgpu import RealGpuNode, keep_running
-from dra_driver.demo.stack import pin_to_node
 from dra_driver.devcluster import Cluster, wait_until
 from dra_driver.devcluster.binaries import NodeBinaries
 from tests.e2e.conftest import real_gpu_node
 from tests.e2e.scenarios import container_env, device_attributes, get_claim, pids_alive, results
-from tests.e2e.shares import SHOW, assert_consistent, checkpoint, compute_mode, daemon_limits
+from tests.e2e.shares import (
+    SHOW,
+    assert_consistent,
+    checkpoint,
+    claim_and_pod,
+    compute_mode,
+    daemon_limits,
+    gpu_request,
+)
 from tests.e2e.shares import daemons as live_daemons
 from tests.e2e.test_shares import seen_daemon
 
@@ -60,39 +67,14 @@ def slot_pod(node: RealGpuNode, ns: str, name: str) -> list[dict[str, Any]]:
     uuid = device_attributes(node, "gpu-0")["uuid"]
     attrs = "device.attributes['gpu.nvidia.com']"
     cel = f"{attrs}.uuid == '{uuid}' && 'mpsSlots' in {attrs} && {attrs}.mpsSlots == 4"
-    claim = {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaim",
-        "metadata": {"name": name, "namespace": ns},
-        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
-            "deviceClassName": "gpu.nvidia.com",
-            "selectors": [{"cel": {"expression": cel}}],
-        }}]}},
-    }  # fmt: skip
+    exactly = {"deviceClassName": "gpu.nvidia.com", "selectors": [{"cel": {"expression": cel}}]}
     script = (
         f"{SHOW}; {CLIENT}\n{HOW[name]}\n"
         'ask "client $ID ${CUDA_MPS_PINNED_DEVICE_MEM_LIMIT:--} '
         '${CUDA_MPS_ACTIVE_THREAD_PERCENTAGE:--}"\n'
         f'ask "alloc $ID {SLOT_MIB}"; ask "alloc $ID 1"'
     )
-    pod = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": ns},
-        "spec": {
-            "restartPolicy": "Never",
-            "resourceClaims": [{"name": "gpu", "resourceClaimName": name}],
-            "containers": [
-                {
-                    "name": "main",
-                    "image": "busybox:1.36",
-                    "command": ["sh", "-c", script],
-                    "resources": {"claims": [{"name": "gpu"}]},
-                }
-            ],
-        },
-    }
-    return [claim, *pin_to_node([pod], node.name)]
+    return claim_and_pod(node.name, ns, name, {"requests": [gpu_request(exactly)]}, script)
 
 
 def answers(stdout: str) -> list[dict[str, str]]:

@@ -16,12 +16,10 @@ from pathlib import Path
 import pytest
 
 from dra_driver.gpu import cdihook
-from dra_driver.gpu.discovery import discover
-from dra_driver.gpu.driver import GpuDriver
-from dra_driver.gpu.emulation import EmulatedNode, gputools
-from dra_driver.gpu.sharing import GpuTools
+from dra_driver.gpu.emulation import EmulatedNode
 from dra_driver.plugin.claims import AllocatedDevice, Claim, ClaimRef
 from tests.conftest import cdi_hook
+from tests.gpu.test_devices_driver import gpu_driver
 
 LOG = logging.getLogger("tests.gpu.cdihook")
 
@@ -107,15 +105,13 @@ def test_a_node_that_cannot_run_the_hook_prepares_nothing_until_fixed(
     source.parent.mkdir()
     target = tmp_path / "plugins" / "nvidia-cdi-hook"
     with node.nvml(), caplog.at_level(logging.ERROR, logger=LOG.name):
-        tools = gputools.install(node.bin_dir, tmp_path / "tools.jsonl")
-        driver = GpuDriver(
-            driver_name="gpu.nvidia.com", discover=lambda: discover(node.host, LOG),
-            host=node.host, cdi_dir=tmp_path / "cdi", state_dir=tmp_path / "state",
-            tools=GpuTools(nvidia_smi=tools["nvidia-smi"],
-                           mps_control=tools["nvidia-cuda-mps-control"]),
-            logger=LOG, pool_name="node-a", health_policy=None,
+        driver = gpu_driver(
+            node,
+            tmp_path,
+            logger=LOG,
+            health_policy=None,
             cdi_hook=cdihook.HookPlacement(path=target, local=target, source=source),
-        )  # fmt: skip
+        )
         why = f"cannot install the CDI hook {target}: No such file or directory ({source})"
         assert driver.problems() == [why]
         assert [r.getMessage() for r in caplog.records] == [

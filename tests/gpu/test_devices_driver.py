@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
+from typing import Any
 
 import pynvml
 import pytest
@@ -21,29 +22,36 @@ LOG = logging.getLogger("tests.gpu.driver")
 UID = "6f1d3c2a-9b8e-4f7d-a1c2-3e4f5a6b7c8d"
 
 
-def _driver(
-    node: EmulatedNode, tmp_path: Path, discover_fn=None, taint_degraded=False
+def gpu_driver(
+    node: EmulatedNode,
+    tmp_path: Path,
+    discover_fn=None,
+    *,
+    logger: logging.Logger = LOG,
+    **options: Any,
 ) -> GpuDriver:
+    """A GpuDriver of ``node`` with its emulated tools, state under ``tmp_path``;
+    ``options``: GpuDriver's other arguments."""
     tools = gputools.install(node.bin_dir, tmp_path / "tools.jsonl")
     return GpuDriver(
         driver_name="gpu.nvidia.com",
-        discover=discover_fn or (lambda: discover(node.host, LOG)),
+        discover=discover_fn or (lambda: discover(node.host, logger)),
         host=node.host,
         cdi_dir=tmp_path / "cdi",
         state_dir=tmp_path / "state",
         tools=GpuTools(
             nvidia_smi=tools["nvidia-smi"], mps_control=tools["nvidia-cuda-mps-control"]
         ),
-        logger=LOG,
+        logger=logger,
         pool_name="node-a",
-        taint_degraded=taint_degraded,
+        **options,
     )
 
 
 def test_refresh_drops_a_vanished_gpu_and_reports_change_once(make_node, tmp_path: Path) -> None:
     node = make_node("l4-x4")
     with node.nvml():
-        driver = _driver(node, tmp_path)
+        driver = gpu_driver(node, tmp_path)
         assert [d.name for d in driver.pool().devices] == ["gpu-0", "gpu-1", "gpu-2", "gpu-3"]
         assert driver.refresh() is False  # nothing changed
         node.remove_gpu(3)  # minor 1
@@ -65,7 +73,7 @@ def test_failed_rediscovery_keeps_the_last_inventory(make_node, tmp_path: Path) 
 
     with node.nvml():
         results.append(discover(node.host, LOG))
-    driver = _driver(node, tmp_path, flaky)
+    driver = gpu_driver(node, tmp_path, flaky)
     before = driver.pool()
     results.append(DiscoveryError("NVML went away"))
     assert driver.refresh() is False
@@ -79,7 +87,7 @@ def test_first_discovery_failure_fails_construction(make_node, tmp_path: Path) -
         raise DiscoveryError("cannot initialise NVML")
 
     with pytest.raises(DiscoveryError):
-        _driver(node, tmp_path, broken)
+        gpu_driver(node, tmp_path, broken)
 
 
 def test_claims_are_prepared_by_the_preparer_against_current_inventory(
@@ -87,7 +95,7 @@ def test_claims_are_prepared_by_the_preparer_against_current_inventory(
 ) -> None:
     node = make_node("dgx-a100-mig")
     with node.nvml():
-        driver = _driver(node, tmp_path)
+        driver = gpu_driver(node, tmp_path)
     claim = Claim(
         ref=ClaimRef(namespace="ns", name="c", uid=UID),
         devices=(AllocatedDevice(request="gpu", pool="node-a", device="gpu-0-mig-2g20gb-14-4"),),
@@ -114,7 +122,7 @@ def test_health_marks_tainted_degraded_devices_unhealthy(make_node, tmp_path: Pa
         1, "nvmlDeviceGetMemoryInfo", pynvml.NVML_ERROR_GPU_IS_LOST
     )  # minor 3
     with node.nvml():
-        driver = _driver(node, tmp_path, taint_degraded=True)
+        driver = gpu_driver(node, tmp_path, taint_degraded=True)
     health = {(h.pool, h.device): (h.health, h.message) for h in driver.device_health()}
     assert health == {
         ("node-a", "gpu-0"): ("Healthy", ""),
@@ -133,14 +141,7 @@ def test_per_claim_usage_labels_the_sharing_strategy(make_node, tmp_path: Path) 
 
     node = make_node("l4-x4")
     with node.nvml():
-        tools = gputools.install(node.bin_dir, tmp_path / "tools.jsonl")
-        driver = GpuDriver(
-            driver_name="gpu.nvidia.com", discover=lambda: discover(node.host, LOG),
-            host=node.host, cdi_dir=tmp_path / "cdi", state_dir=tmp_path / "state",
-            tools=GpuTools(nvidia_smi=tools["nvidia-smi"],
-                           mps_control=tools["nvidia-cuda-mps-control"]),
-            logger=LOG, pool_name="node-a", registry=CollectorRegistry(), health_policy=None,
-        )  # fmt: skip
+        driver = gpu_driver(node, tmp_path, registry=CollectorRegistry(), health_policy=None)
         sliced = OpaqueConfig(source="FromClaim", requests=(), parameters={
             "apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig",
             "sharing": {"strategy": "TimeSlicing"}})  # fmt: skip
@@ -175,14 +176,7 @@ def test_consumable_gpus_are_published_and_what_cannot_work_is_said_at_start(
     node = make_node("l4-x4")  # driver 580: shares cannot be enforced
     selection = ConsumableGpus(names=frozenset({"NVIDIA L4", "NVIDIA H100 80GB HBM3"}))
     with node.nvml(), caplog.at_level(logging.INFO, logger=LOG.name):
-        tools = gputools.install(node.bin_dir, tmp_path / "tools.jsonl")
-        driver = GpuDriver(
-            driver_name="gpu.nvidia.com", discover=lambda: discover(node.host, LOG),
-            host=node.host, cdi_dir=tmp_path / "cdi", state_dir=tmp_path / "state",
-            tools=GpuTools(nvidia_smi=tools["nvidia-smi"],
-                           mps_control=tools["nvidia-cuda-mps-control"]),
-            logger=LOG, pool_name="node-a", health_policy=None, consumable=selection,
-        )  # fmt: skip
+        driver = gpu_driver(node, tmp_path, health_policy=None, consumable=selection)
         assert all(d.allow_multiple_allocations for d in driver.pool().devices)
         assert driver.refresh() is False  # stays consumable across re-discoveries
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
@@ -206,16 +200,13 @@ def test_slot_gpus_are_published_and_what_is_not_split_is_said_at_start(
     with node.nvml(), caplog.at_level(logging.INFO, logger=LOG.name):
         inventory = discover(node.host, LOG)
         first = inventory.gpus[0]
-        tools = gputools.install(node.bin_dir, tmp_path / "tools.jsonl")
-        driver = GpuDriver(
-            driver_name="gpu.nvidia.com", discover=lambda: discover(node.host, LOG),
-            host=node.host, cdi_dir=tmp_path / "cdi", state_dir=tmp_path / "state",
-            tools=GpuTools(nvidia_smi=tools["nvidia-smi"],
-                           mps_control=tools["nvidia-cuda-mps-control"]),
-            logger=LOG, pool_name="node-a", health_policy=None,
+        driver = gpu_driver(
+            node,
+            tmp_path,
+            health_policy=None,
             consumable=ConsumableGpus(names=frozenset({first.uuid})),
             mps_slots=MpsSlots.parse(f"{first.uuid}=4,NVIDIA T4=2"),
-        )  # fmt: skip
+        )
         slots = {d.name: d.attributes.get("mpsSlots") for d in driver.pool().devices}
         assert slots == {f"gpu-{g.minor}": (4 if g is first else None) for g in inventory.gpus}
         assert driver.refresh() is False  # stays split across re-discoveries

@@ -154,6 +154,27 @@ class _Listener(ThreadingHTTPServer):
     request_queue_size = 128
 
 
+class JsonHandler(BaseHTTPRequestHandler):
+    """A quiet HTTP/1.1 handler of JSON requests and answers, for the fake API servers."""
+
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+    def _send(self, status: int, body: dict[str, Any]) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _body(self) -> dict[str, Any]:
+        n = int(self.headers.get("Content-Length") or 0)
+        return json.loads(self.rfile.read(n)) if n else {}
+
+
 class FakeApiServer:
     """Claims, nodes and a naive slice store over plain HTTP on 127.0.0.1."""
 
@@ -176,26 +197,10 @@ class FakeApiServer:
         self._lock = threading.Lock()
         server = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
+        class Handler(JsonHandler):
             # Headers and body go out as two writes: with Nagle on, the body waits for
             # the client's delayed ACK (40 ms), which no real API server adds.
             disable_nagle_algorithm = True
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-            def _send(self, status: int, body: dict[str, Any]) -> None:
-                data = json.dumps(body).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def _body(self) -> dict[str, Any]:
-                n = int(self.headers.get("Content-Length") or 0)
-                return json.loads(self.rfile.read(n)) if n else {}
 
             def do_GET(self) -> None:
                 url = urlparse(self.path)
