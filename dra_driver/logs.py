@@ -81,11 +81,8 @@ class ContextLogger(logging.LoggerAdapter[logging.Logger]):
     Fields given per call in ``extra`` are merged on top of the bound ones.
     """
 
-    def __init__(self, logger: logging.Logger, **fields: Any) -> None:
-        super().__init__(logger, fields)
-
     def bind(self, **fields: Any) -> ContextLogger:
-        return ContextLogger(self.logger, **{**dict(self.extra or {}), **fields})
+        return ContextLogger(self.logger, {**dict(self.extra or {}), **fields})
 
     def process(
         self, msg: Any, kwargs: MutableMapping[str, Any]
@@ -93,15 +90,3 @@ class ContextLogger(logging.LoggerAdapter[logging.Logger]):
         extra: Mapping[str, Any] = kwargs.get("extra") or {}
         kwargs["extra"] = {**dict(self.extra or {}), **extra}
         return msg, kwargs
-
-
-def claim_logger(
-    logger: logging.Logger, uid: str, namespace: str = "", name: str = ""
-) -> ContextLogger:
-    """Logger for lines about one claim: uid always, namespace/name when known."""
-    fields: dict[str, str] = {"claim_uid": uid}
-    if namespace:
-        fields["claim_namespace"] = namespace
-    if name:
-        fields["claim_name"] = name
-    return ContextLogger(logger, **fields)

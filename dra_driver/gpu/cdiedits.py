@@ -65,12 +65,11 @@ _MINOR_LINE = re.compile(r"^DeviceFileMinor:\s*(\d+)\s*$", re.MULTILINE)
 
 def read_majors(host: HostPaths) -> dict[str, int]:
     """Character-device majors by driver name from ``/proc/devices``."""
-    return parse_majors(read_proc_devices(host))
+    return parse_majors(read_proc_devices(host.proc("devices")))
 
 
-def read_proc_devices(host: HostPaths) -> bytes:
+def read_proc_devices(path: Path) -> bytes:
     """``/proc/devices`` as it is now (read on every prepare: a module may load late)."""
-    path = host.proc("devices")
     try:
         return read_whole(path)
     except OSError as exc:
@@ -141,6 +140,9 @@ class EditsBuilder:
     ) -> None:
         self._host = host
         self._view = runtime_host or host
+        self._dev = host.dev()
+        self._pci = host.sys("bus", "pci", "devices")
+        self._roots = ((host.driver_root, self._view.driver_root), (host.root, self._view.root))
         self._version = driver_version
         self._hook = str(hook)
         self._majors = majors if majors is not None else read_majors(host)
@@ -157,10 +159,7 @@ class EditsBuilder:
 
     def _runtime_path(self, path: Path) -> str:
         """Rewrite a path we read into the path the runtime must use."""
-        for ours, theirs in (
-            (self._host.driver_root, self._view.driver_root),
-            (self._host.root, self._view.root),
-        ):
+        for ours, theirs in self._roots:
             try:
                 return str(theirs / path.relative_to(ours))
             except ValueError:
@@ -170,7 +169,7 @@ class EditsBuilder:
     def _node(
         self, name: str, major: int, minor: int, *, default_mode: int = DEFAULT_NODE_MODE
     ) -> DeviceNode:
-        host_path = self._host.dev(name)
+        host_path = self._dev / name
         mode, gid = default_mode, None
         try:
             st = host_path.lstat()
@@ -266,7 +265,7 @@ class EditsBuilder:
     def gpu(self, gpu: Gpu) -> ContainerEdits:
         """The GPU's own node, plus its DRI nodes when the host has them."""
         nodes = [self._node(f"nvidia{gpu.minor}", self._nvidia_major(), gpu.minor)]
-        drm = self._host.sys("bus", "pci", "devices", gpu.pci.bus_id, "drm")
+        drm = self._pci / gpu.pci.bus_id / "drm"
         drm_major = self._majors.get("drm")
         if drm_major is not None and drm.is_dir():
             for entry in sorted(drm.iterdir()):
@@ -294,7 +293,7 @@ class EditsBuilder:
         caps = tuple(
             DeviceNode(
                 path=f"/dev/nvidia-caps/nvidia-cap{c.minor}",
-                host_path=self._runtime_path(self._host.dev("nvidia-caps", f"nvidia-cap{c.minor}")),
+                host_path=self._runtime_path(self._dev / "nvidia-caps" / f"nvidia-cap{c.minor}"),
                 type="c",
                 major=caps_major,
                 minor=c.minor,
@@ -341,12 +340,21 @@ class ClaimSpecs:
         self._host = host
         self._runtime_host = runtime_host
         self._hook = hook
+        self._proc_devices = host.proc("devices")
         self._cache: tuple[tuple[str, bytes], EditsBuilder] | None = None
+
+    def warm(self, inventory: Inventory) -> None:
+        """Build the node's common edits now (at start), not in the first claim's prepare;
+        a host not ready for them yet fails that prepare instead, clearly, as before."""
+        try:
+            self._builder(inventory).common()
+        except CdiError:
+            self._cache = None
 
     def _builder(self, inventory: Inventory) -> EditsBuilder:
         """Rebuilt when the driver version or ``/proc/devices`` changes (a module that
         loads late, like nvidia-uvm on first CUDA use, adds a major)."""
-        key = (inventory.driver_version, read_proc_devices(self._host))
+        key = (inventory.driver_version, read_proc_devices(self._proc_devices))
         if self._cache is None or self._cache[0] != key:
             builder = EditsBuilder(
                 host=self._host,

@@ -27,6 +27,7 @@ partitions' own (``owned``), never others' instances to work around.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import threading
 from collections.abc import Callable, Sequence
@@ -71,6 +72,11 @@ class GpuDriver:
     """DeviceBackend for NVIDIA GPUs; thread-safe."""
 
     supports_parallel_claims = ClaimPreparer.supports_parallel_claims
+    prepare: Callable[[Claim], list[PreparedDevice]]
+    prepared_devices: Callable[[ClaimRef], list[PreparedDevice] | None]
+    unprepare: Callable[[ClaimRef], None]
+    prepared_claims: Callable[[], list[ClaimRef]]
+    """The DeviceBackend claim calls: the :class:`ClaimPreparer`'s own methods."""
 
     def __init__(
         self,
@@ -162,12 +168,12 @@ class GpuDriver:
         self._state_problem = ""
         self._hook = cdi_hook
         self._hook_problem = ""
-        self._place_hook()
         self._inventory = discover()
         say_fractional(self._consumable, self._slots, self._inventory, logger)
         self._preparer = ClaimPreparer(
             driver_name=driver_name,
-            inventory=self.inventory,
+            # The current inventory, read as one attribute (atomic; no lock needed).
+            inventory=functools.partial(getattr, self, "_inventory"),
             host=host,
             cdi_dir=cdi_dir,
             state_dir=state_dir,
@@ -180,6 +186,13 @@ class GpuDriver:
             mps_slots=self._slots,
             mps_runner=mps_runner,
         )
+        # Claim calls go straight to the preparer; this class adds nothing to them.
+        self.prepare = self._preparer.prepare
+        self.prepared_devices = self._preparer.prepared_devices
+        self.unprepare = self._preparer.unprepare
+        self.prepared_claims = self._preparer.prepared_claims
+        self._place_hook()
+        self._preparer.warm()
         self._pool = self._build(self._inventory, self._health)
         try:
             self._preparer.recover()
@@ -261,7 +274,7 @@ class GpuDriver:
             self._log.error("this node prepares no claims until the CDI hook is fixed: %s", problem)
         elif not problem and self._hook_problem:
             self._log.info("CDI hook usable again", extra={"path": str(self._hook.path)})
-        self._hook_problem = problem
+        self._hook_problem = self._preparer.hook_problem = problem
 
     def problems(self) -> list[str]:
         """StatusReporter: the plugin is not ready while the claim state is unreadable or
@@ -345,20 +358,6 @@ class GpuDriver:
     def pool(self) -> Pool:
         with self._lock:
             return self._pool
-
-    def prepare(self, claim: Claim) -> list[PreparedDevice]:
-        if self._hook_problem:  # its containers would fail to start, less clearly
-            raise cdihook.HookError(f"prepare claim {claim.ref}: {self._hook_problem}")
-        return self._preparer.prepare(claim)
-
-    def prepared_devices(self, claim: ClaimRef) -> list[PreparedDevice] | None:
-        return self._preparer.prepared_devices(claim)
-
-    def unprepare(self, claim: ClaimRef) -> None:
-        self._preparer.unprepare(claim)
-
-    def prepared_claims(self) -> list[ClaimRef]:
-        return self._preparer.prepared_claims()
 
     def close(self) -> None:
         self._preparer.close()

@@ -37,7 +37,7 @@ from typing import Any
 from dra_driver.errors import DriverError
 from dra_driver.gpu import cdi
 from dra_driver.gpu.cdiedits import ClaimSpecs
-from dra_driver.gpu.cdihook import TOOLKIT_HOOK
+from dra_driver.gpu.cdihook import TOOLKIT_HOOK, HookError
 from dra_driver.gpu.checkpoint import (
     ACQUIRING,
     PREPARED,
@@ -72,7 +72,7 @@ from dra_driver.gpu.strategies.base import (
 )
 from dra_driver.gpu.strategies.builtin import builtin
 from dra_driver.gpu.unpreparing import Unpreparer
-from dra_driver.logs import ContextLogger, claim_logger
+from dra_driver.logs import ContextLogger
 from dra_driver.plugin.claims import Claim, ClaimRef, PreparedDevice, PrepareError
 
 
@@ -80,6 +80,9 @@ class ClaimPreparer(Unpreparer):
     """The GPU backend's prepare/unprepare; safe for concurrent claims and processes."""
 
     supports_parallel_claims = True
+    hook_problem = ""
+    """Why the node cannot run the CDI hook ("" when it can; set by the driver): no claim
+    is prepared meanwhile, as its containers would fail to start, less clearly."""
 
     def __init__(
         self,
@@ -134,6 +137,11 @@ class ClaimPreparer(Unpreparer):
             kind=self.kind, host=host, runtime_host=runtime_host, hook=cdi_hook
         )
 
+    def warm(self) -> None:
+        """Do now, at start, what the first prepare would do for every claim (the node's
+        common CDI edits), so the first pod does not wait for it."""
+        self._specs.warm(self._inventory())
+
     def close(self) -> None:
         self._locks.close()
         self._store.close()
@@ -141,7 +149,9 @@ class ClaimPreparer(Unpreparer):
     # -- public API ---------------------------------------------------------------------
 
     def prepare(self, claim: Claim) -> list[PreparedDevice]:
-        log = claim_logger(self._log, claim.uid, claim.ref.namespace, claim.ref.name)
+        if self.hook_problem:
+            raise HookError(f"prepare claim {claim.ref}: {self.hook_problem}")
+        log = claim.ref.logger(self._log)
         with self._errors(f"prepare claim {claim.ref}"):
             recorded = self.recorded_units() if self._catalogs else []
             plan = plan_claim(claim, self._inventory(), self._strategies, recorded)

@@ -29,7 +29,7 @@ from dra_driver.gpu.checkpoint import PREPARED, READY, RELEASING, UNPREPARING, C
 from dra_driver.gpu.mpsdaemons import is_mps_id
 from dra_driver.gpu.statefile import ClaimRecords, Loaded, MoreLocks, UnitSteps, describe, locks_of
 from dra_driver.gpu.strategies.base import SharedResources
-from dra_driver.logs import ContextLogger, claim_logger
+from dra_driver.logs import ContextLogger
 from dra_driver.plugin.claims import ClaimRef, PrepareError
 
 
@@ -38,7 +38,7 @@ class Unpreparer(ClaimRecords):
     (one object: the same checkpoint, locks and strategies)."""
 
     def unprepare(self, ref: ClaimRef) -> None:
-        log = claim_logger(self._log, ref.uid, ref.namespace, ref.name)
+        log = ref.logger(self._log)
         what = f"unprepare claim {ref}"
         with self._errors(what):
             while True:
@@ -84,7 +84,7 @@ class Unpreparer(ClaimRecords):
             ]
             orphans = [k for k in cp.shared if not cp.users_of(k)]
         for uid, locks in pending:
-            log = claim_logger(self._log, uid)
+            log = ClaimRef(namespace="", name="", uid=uid).logger(self._log)
             try:
                 with self._hold(locks):
                     with self._store.transaction() as loaded:

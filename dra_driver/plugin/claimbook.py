@@ -282,7 +282,7 @@ class ClaimActivity:
     ) -> None:
         try:
             if (m := self.metrics) is not None:
-                m.observe("prepare", seconds)
+                m.prepare_seconds.observe(seconds)
             if self._book is not None and obj is not None:  # None: answered from the
                 self._book.prepared(ref, obj)  # backend's records; the book has it
             if self._status is not None:
@@ -294,7 +294,7 @@ class ClaimActivity:
     def unprepared(self, ref: ClaimRef, seconds: float) -> None:
         try:
             if (m := self.metrics) is not None:
-                m.observe("unprepare", seconds)
+                m.unprepare_seconds.observe(seconds)
             if self._book is not None:
                 self._book.unprepared(ref)
             if self._status is not None:

@@ -14,11 +14,13 @@ What comes back is here too: a backend returns a list of :class:`PreparedDevice`
 
 from __future__ import annotations
 
+import logging
 import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from dra_driver.errors import DriverError
+from dra_driver.logs import ContextLogger
 
 ConfigSource = Literal["FromClass", "FromClaim"]
 
@@ -41,6 +43,15 @@ class ClaimRef:
 
     def __str__(self) -> str:
         return f"{self.namespace}/{self.name}"
+
+    def logger(self, base: logging.Logger) -> ContextLogger:
+        """For lines about this claim: ``claim_uid`` always, namespace and name when known."""
+        fields = {"claim_uid": self.uid}
+        if self.namespace:
+            fields["claim_namespace"] = self.namespace
+        if self.name:
+            fields["claim_name"] = self.name
+        return ContextLogger(base, fields)
 
 
 def validate_ref(ref: ClaimRef) -> None:

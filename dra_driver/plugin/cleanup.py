@@ -14,7 +14,6 @@ import threading
 from collections.abc import Callable, Iterable
 
 from dra_driver.errors import DriverError
-from dra_driver.logs import claim_logger
 from dra_driver.plugin.claims import ClaimRef
 from dra_driver.plugin.preparing import ClaimGetter, ClaimService
 
@@ -41,7 +40,7 @@ class StaleClaimCleaner:
         """Unprepare stale claims now; returns the UIDs unprepared."""
         done: list[str] = []
         for ref in list(self._prepared()):
-            log = claim_logger(self._log, ref.uid, ref.namespace, ref.name)
+            log = ref.logger(self._log)
             try:
                 obj = self._get_claim(ref.namespace, ref.name)
             except Exception as exc:  # API trouble: keep the claim, try next round

@@ -111,6 +111,9 @@ class OperationMetrics:
             ["operation", "reason"],
             registry=registry,
         )
+        # The two operations' children, bound once: labels() takes a lock and a lookup.
+        self.prepare_seconds = self._duration.labels("prepare")
+        self.unprepare_seconds = self._duration.labels("unprepare")
 
     def observe(self, operation: str, seconds: float, error_reason: str | None = None) -> None:
         self._duration.labels(operation).observe(seconds)

@@ -37,7 +37,6 @@ from types import ModuleType
 from typing import Any
 
 from dra_driver.errors import DriverError
-from dra_driver.logs import claim_logger
 from dra_driver.plugin._proto import (
     dra_v1_pb2,
     dra_v1_pb2_grpc,
@@ -182,7 +181,7 @@ class ClaimService:
         return self._each(self._unprepare_one, refs)
 
     def _prepare_one(self, ref: ClaimRef) -> ClaimOutcome:
-        log = claim_logger(self._log, ref.uid, ref.namespace, ref.name)
+        log = ref.logger(self._log)
         started = time.perf_counter()
         obj: dict[str, Any] | None = None
         try:
@@ -234,7 +233,7 @@ class ClaimService:
             self._events.failed(operation, ref, exc, time.perf_counter() - started)
 
     def _unprepare_one(self, ref: ClaimRef) -> ClaimOutcome:
-        log = claim_logger(self._log, ref.uid, ref.namespace, ref.name)
+        log = ref.logger(self._log)
         started = time.perf_counter()
         try:
             validate_ref(ref)
