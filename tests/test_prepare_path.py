@@ -13,8 +13,8 @@ from pathlib import Path
 REPO = Path(__file__).parents[1]
 UID = "0a0b0c0d-1111-4222-8333-000000000029"
 
-MAX_MODULES = 21
-MAX_REENTRIES = 86
+MAX_MODULES = 12
+MAX_REENTRIES = 36
 
 
 def test_one_exclusive_gpu_prepare_passes_through_few_modules() -> None:

@@ -44,7 +44,8 @@ from dra_driver.gpu.cdihook import TOOLKIT_HOOK, driver_hooks
 from dra_driver.gpu.files import read_whole
 from dra_driver.gpu.hostpaths import BIN_DIRS, LIB_DIRS, HostPaths
 from dra_driver.gpu.inventory import Gpu, Inventory, MigInstance
-from dra_driver.gpu.strategies.base import Materializes, SharingStrategy, Target, Unit
+from dra_driver.gpu.planning import Target
+from dra_driver.gpu.strategies.base import Materializes, SharingStrategy, Unit
 
 BINARIES = (
     "nvidia-smi",

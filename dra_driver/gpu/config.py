@@ -31,7 +31,6 @@ from typing import Any, Literal, Protocol
 
 from dra_driver import quantity
 from dra_driver.errors import DriverError
-from dra_driver.plugin.claims import Claim
 
 API_VERSION = "resource.nvidia.com/v1beta1"
 GPU_CONFIG = "GpuConfig"
@@ -149,37 +148,3 @@ def _decode(parameters: object, strategies: Mapping[str, SharingDecoder]) -> Dev
     decoder = strategies[name]
     settings = decoder.decode(sharing.get(decoder.field), f"sharing.{decoder.field}")
     return DeviceConfig(kind=kind, sharing=Sharing(name, settings))
-
-
-def kind_for(device_type: DeviceType) -> str:
-    return GPU_CONFIG if device_type == "gpu" else MIG_CONFIG
-
-
-def resolve(
-    claim: Claim, types: dict[str, DeviceType], strategies: Mapping[str, SharingDecoder]
-) -> dict[tuple[str, str], DeviceConfig]:
-    """Effective config per allocated ``(request, device)``; raises :class:`ConfigError`.
-
-    ``types`` maps each allocated device name to ``gpu`` or ``mig``.
-    """
-    decoded = [
-        (cfg, decode(cfg.parameters, f"config[{i}] ({cfg.source})", strategies))
-        for i, cfg in enumerate(claim.configs)
-    ]
-    out: dict[tuple[str, str], DeviceConfig] = {}
-    for dev in claim.devices:
-        wanted = kind_for(types[dev.device])
-        effective = DeviceConfig(kind=wanted)
-        for i, (raw, cfg) in enumerate(decoded):
-            if not raw.applies_to(dev.request):
-                continue
-            if cfg.kind != wanted:
-                if raw.requests:
-                    raise ConfigError(
-                        f"config[{i}] ({raw.source}): kind {cfg.kind} names request "
-                        f"{dev.base_request!r}, whose device {dev.device} needs kind {wanted}"
-                    )
-                continue
-            effective = DeviceConfig(kind=cfg.kind, sharing=cfg.sharing, origin=f"config[{i}]")
-        out[(dev.request, dev.device)] = effective
-    return out

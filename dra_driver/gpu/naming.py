@@ -16,7 +16,6 @@ import re
 from dra_driver.gpu.inventory import Gpu, Inventory, MigInstance, MigProfile
 
 _NOT_DNS = re.compile(r"[^a-z0-9-]")
-_GPU_PREFIX = re.compile(r"^(gpu-[0-9]+)(?:-|$)")
 
 
 def gpu_device_name(gpu: Gpu) -> str:
@@ -46,10 +45,3 @@ def devices_by_name(inventory: Inventory) -> dict[str, Gpu | MigInstance]:
         for mig in gpu.mig_instances:
             named[mig_device_name(mig)] = mig
     return named
-
-
-def gpu_name_of(device_name: str) -> str:
-    """The full GPU a device name belongs to (``gpu-7-mig-...`` -> ``gpu-7``): what
-    preparing locks, so claims on different GPUs never wait for each other."""
-    m = _GPU_PREFIX.match(device_name)
-    return m.group(1) if m else device_name

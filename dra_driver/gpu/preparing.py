@@ -50,11 +50,19 @@ from dra_driver.gpu.checkpoint import (
 from dra_driver.gpu.consumable import MpsSlots
 from dra_driver.gpu.files import NodeLocks
 from dra_driver.gpu.hostpaths import HostPaths
-from dra_driver.gpu.inventory import Inventory
+from dra_driver.gpu.inventory import Gpu, Inventory, MigInstance
 from dra_driver.gpu.miginstances import MigInstances
 from dra_driver.gpu.mpsdaemons import MpsDaemons
 from dra_driver.gpu.mpsrunners import DaemonRunner
-from dra_driver.gpu.planning import ClaimPlan, allocation_key, check_conflicts, plan_claim
+from dra_driver.gpu.naming import devices_by_name
+from dra_driver.gpu.planning import (
+    ClaimPlan,
+    Strategies,
+    allocation_key,
+    check_conflicts,
+    locks_of,
+    plan_claim,
+)
 from dra_driver.gpu.sharing import GpuCommands, GpuTools
 from dra_driver.gpu.statefile import (
     CheckpointStore,
@@ -62,12 +70,10 @@ from dra_driver.gpu.statefile import (
     MoreLocks,
     UnitSteps,
     describe,
-    locks_of,
 )
 from dra_driver.gpu.strategies.base import (
     SharedResources,
     SharingStrategy,
-    Strategies,
     Unit,
 )
 from dra_driver.gpu.strategies.builtin import builtin
@@ -111,6 +117,9 @@ class ClaimPreparer(Unpreparer):
         self.kind = cdi.claim_kind(driver_name)
         cdi.validate_kind(self.kind)
         self._inventory = inventory
+        self._named: tuple[Inventory, dict[str, Gpu | MigInstance]] | None = None
+        """The last inventory seen and its devices by name (kept: names are not rebuilt
+        for every claim)."""
         self._cdi_dir = cdi_dir
         self._log = logger
         self._store = CheckpointStore(
@@ -140,7 +149,15 @@ class ClaimPreparer(Unpreparer):
     def warm(self) -> None:
         """Do now, at start, what the first prepare would do for every claim (the node's
         common CDI edits), so the first pod does not wait for it."""
-        self._specs.warm(self._inventory())
+        inventory = self._inventory()
+        self._devices_by_name(inventory)
+        self._specs.warm(inventory)
+
+    def _devices_by_name(self, inventory: Inventory) -> dict[str, Gpu | MigInstance]:
+        named = self._named
+        if named is None or named[0] is not inventory:
+            named = self._named = (inventory, devices_by_name(inventory))
+        return named[1]
 
     def close(self) -> None:
         self._locks.close()
@@ -154,7 +171,10 @@ class ClaimPreparer(Unpreparer):
         log = claim.ref.logger(self._log)
         with self._errors(f"prepare claim {claim.ref}"):
             recorded = self.recorded_units() if self._catalogs else []
-            plan = plan_claim(claim, self._inventory(), self._strategies, recorded)
+            inventory = self._inventory()
+            plan = plan_claim(
+                claim, inventory, self._strategies, recorded, self._devices_by_name(inventory)
+            )
             records = plan.device_records(self.kind)
             spec = cdi.transient_spec_path(self._cdi_dir, self.kind, claim.uid)
             locks = set(plan.locks)

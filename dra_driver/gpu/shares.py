@@ -44,7 +44,7 @@ from dra_driver.quantity import QuantityError
 from dra_driver.quantity import parse as parse_quantity
 
 if TYPE_CHECKING:
-    from dra_driver.gpu.strategies.base import Target
+    from dra_driver.gpu.planning import Target
 
 MEMORY = "memory"
 COMPUTE = "computeShare"

@@ -47,7 +47,7 @@ from dra_driver.gpu.shares import (
 from dra_driver.plugin.resources import Capacity, CapacityPolicy, Pool
 
 if TYPE_CHECKING:
-    from dra_driver.gpu.strategies.base import Target
+    from dra_driver.gpu.planning import Target
 
 ATTRIBUTE = "mpsSlots"
 """Int attribute of a slot GPU: its number of slots."""

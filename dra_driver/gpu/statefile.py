@@ -50,7 +50,6 @@ from dra_driver.gpu.checkpoint import (
     Checkpoint,
     CheckpointCorruptError,
     CheckpointError,
-    ClaimEntry,
     Encoder,
     decode,
     migrate_v1,
@@ -63,12 +62,12 @@ from dra_driver.gpu.files import (
     temp_files_for,
     write_via_spare,
 )
-from dra_driver.gpu.naming import gpu_name_of
-from dra_driver.gpu.strategies.base import SharingStrategy, Strategies, Unit
+from dra_driver.gpu.strategies.base import SharingStrategy, Unit
 from dra_driver.plugin.claims import PrepareError
 
 if TYPE_CHECKING:
     from dra_driver.gpu.mpsdaemons import MpsDaemons
+    from dra_driver.gpu.planning import Strategies
 
 FILE_NAME = "checkpoint.json"
 SPARE_NAME = "checkpoint.json.spare"
@@ -348,10 +347,6 @@ class MoreLocks(Exception):
     def __init__(self, locks: set[str]) -> None:
         super().__init__(f"the claim now needs GPU locks {sorted(locks)}")
         self.locks = locks
-
-
-def locks_of(entry: ClaimEntry | None) -> set[str]:
-    return {gpu_name_of(d.device) for d in entry.devices} if entry is not None else set()
 
 
 def describe(exc: BaseException) -> str:

@@ -15,10 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from dra_driver.gpu.config import resolve
 from dra_driver.gpu.mpsdaemons import MpsDaemons
+from dra_driver.gpu.planning import Target, resolve
 from dra_driver.gpu.sharing import GpuCommands
-from dra_driver.gpu.strategies.base import Target
 from dra_driver.gpu.strategies.builtin import builtin
 from dra_driver.gpu.strategies.mpsslots import slot_daemon_id
 from dra_driver.plugin.claims import AllocatedDevice, Claim, ClaimRef, PrepareError

@@ -1,6 +1,7 @@
 """The seam for ways of preparing a GPU: one small protocol per sharing strategy.
 
-A claim's devices are resolved against the inventory into :class:`Target`\\ s.
+A claim's devices are resolved against the inventory into
+:class:`~dra_driver.gpu.planning.Target`\\ s.
 For every target (admin-access targets excepted: they only get device nodes),
 each registered strategy is asked whether it :meth:`~SharingStrategy.wants` it
 given the device's effective config; the targets a strategy wants, grouped by
@@ -35,7 +36,7 @@ abilities: :class:`DeviceCatalog` names them for planning, and
 Which strategies are asked: a strategy may declare, as class attributes,
 ``selects`` (the ``sharing.strategy`` values it acts on, None for a device
 without a sharing config) and ``shares_only`` (True: only targets with a share
-ID); :meth:`Strategies.asked` then leaves it out of every other target's
+ID); :meth:`~dra_driver.gpu.planning.Strategies.asked` then leaves it out of every other target's
 question. A strategy that declares neither is asked about every target.
 
 Per-node state shared by several claims (one MPS control daemon serving the
@@ -52,13 +53,14 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from dra_driver.gpu.cdi import ContainerEdits
-from dra_driver.gpu.config import DeviceConfig, DeviceType, SharingDecoder
+from dra_driver.gpu.config import DeviceConfig, SharingDecoder
 from dra_driver.gpu.consumable import MpsSlots
 from dra_driver.gpu.inventory import Gpu, Inventory, MigInstance
 from dra_driver.gpu.partitions import MigPartition
 
 if TYPE_CHECKING:
     from dra_driver.gpu.mpsdaemons import MpsDaemons
+    from dra_driver.gpu.planning import Target
     from dra_driver.gpu.sharing import GpuCommands
 
 
@@ -73,38 +75,6 @@ class NodeTools:
     driver version)."""
     slots: MpsSlots = field(default_factory=MpsSlots)
     """GPUs split into MPS slots (``--mps-slots``)."""
-
-
-@dataclass(frozen=True)
-class Target:
-    """One allocated device of a claim, resolved against the inventory."""
-
-    name: str
-    """Published device name, e.g. ``gpu-3``."""
-    request: str
-    device: Gpu | MigInstance | MigPartition
-    """What exists, or (a partition) what a strategy creates at prepare."""
-    admin_access: bool = False
-    share_id: str | None = None
-    consumed_capacity: Mapping[str, str] = field(default_factory=dict)
-
-    @property
-    def type(self) -> DeviceType:
-        if isinstance(self.device, MigPartition):
-            return "gpu" if self.device.whole_gpu else "mig"
-        return "gpu" if isinstance(self.device, Gpu) else "mig"
-
-    @property
-    def uuid(self) -> str:
-        """The device's UUID; empty for a partition (it has one only once created)."""
-        return "" if isinstance(self.device, MigPartition) else self.device.uuid
-
-    @property
-    def gpu_uuid(self) -> str:
-        """The physical GPU's UUID (a MIG device's parent)."""
-        if isinstance(self.device, MigPartition):
-            return self.device.parent.uuid
-        return self.device.uuid if isinstance(self.device, Gpu) else self.device.parent_uuid
 
 
 @dataclass(frozen=True)
@@ -220,46 +190,3 @@ class Materializes(Protocol):
     target; the claim's CDI spec is built for that device instead of the target's."""
 
     def concrete(self, unit: Unit, target: Target) -> Gpu | MigInstance: ...
-
-
-class Strategies:
-    """The strategies of one preparer, in apply order (undo runs in reverse)."""
-
-    def __init__(self, strategies: Sequence[SharingStrategy]) -> None:
-        self._all = tuple(strategies)
-        self._by_name = {s.name: s for s in self._all}
-        if len(self._by_name) != len(self._all):
-            raise ValueError("two strategies with the same name")
-        # Once: isinstance against a runtime-checkable protocol inspects the class each
-        # time (5 % of a prepare's CPU when it ran per claim).
-        self._catalogs = tuple((s.name, s) for s in self._all if isinstance(s, DeviceCatalog))
-        self._asked: dict[tuple[str | None, bool], tuple[SharingStrategy, ...]] = {}
-
-    def __iter__(self) -> Any:
-        return iter(self._all)
-
-    def asked(self, sharing: str | None, shared: bool) -> tuple[SharingStrategy, ...]:
-        """The strategies that may want a target whose config names ``sharing`` (None: no
-        sharing config) and that has a share ID (``shared``), in apply order: those whose
-        ``selects`` and ``shares_only`` allow it, and every one that declares neither."""
-        key = (sharing, shared)
-        found = self._asked.get(key)
-        if found is None:
-            found = self._asked[key] = tuple(
-                s
-                for s in self._all
-                if sharing in getattr(s, "selects", (sharing,))
-                and (shared or not getattr(s, "shares_only", False))
-            )
-        return found
-
-    def get(self, name: str) -> SharingStrategy | None:
-        return self._by_name.get(name)
-
-    def catalogs(self) -> tuple[tuple[str, DeviceCatalog], ...]:
-        """Name and strategy of those that create devices at prepare (:class:`DeviceCatalog`)."""
-        return self._catalogs
-
-    def decoders(self) -> dict[str, SharingDecoder]:
-        """``sharing.strategy`` value -> settings decoder, in registration order."""
-        return {s.name: s.config for s in self._all if s.config is not None}

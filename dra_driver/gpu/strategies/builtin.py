@@ -1,6 +1,6 @@
 """The built-in sharing strategies, registered in apply order (undo runs in reverse).
 
-Exclusive (no config), TimeSlicing, MPS (whole GPUs and MIG devices), MpsShares
+TimeSlicing, MPS (whole GPUs and MIG devices), MpsShares
 and TimeSlicedShares (fractional shares of consumable GPUs), MpsSlots (slots of GPUs
 split by ``--mps-slots`` on drivers before r615); first of all
 DynamicMIG when the node creates MIG instances at prepare. A new strategy is one
@@ -18,10 +18,10 @@ from dra_driver.gpu.consumable import MpsSlots
 from dra_driver.gpu.inventory import Inventory
 from dra_driver.gpu.miginstances import MigInstances
 from dra_driver.gpu.mpsdaemons import MpsDaemons
+from dra_driver.gpu.planning import Strategies
 from dra_driver.gpu.sharing import GpuCommands
-from dra_driver.gpu.strategies.base import NodeTools, SharingStrategy, Strategies
+from dra_driver.gpu.strategies.base import NodeTools, SharingStrategy
 from dra_driver.gpu.strategies.dynamicmig import DynamicMigStrategy
-from dra_driver.gpu.strategies.exclusive import ExclusiveStrategy
 from dra_driver.gpu.strategies.mps import MpsStrategy
 from dra_driver.gpu.strategies.mpsshares import MpsSharesStrategy
 from dra_driver.gpu.strategies.mpsslots import MpsSlotsStrategy
@@ -29,7 +29,6 @@ from dra_driver.gpu.strategies.timeslicedshares import TimeSlicedSharesStrategy
 from dra_driver.gpu.strategies.timeslicing import TimeSlicingStrategy
 
 BUILTIN = (
-    ExclusiveStrategy,
     TimeSlicingStrategy,
     MpsStrategy,
     MpsSharesStrategy,

@@ -47,7 +47,8 @@ from dra_driver.gpu.config import ConfigError, DeviceConfig, SharingDecoder
 from dra_driver.gpu.inventory import Gpu, Inventory, MigInstance
 from dra_driver.gpu.miginstances import Created, MigInstances, MigRequest, mig_instance
 from dra_driver.gpu.partitions import MigPartition, OwnedInstance, catalog
-from dra_driver.gpu.strategies.base import Steps, Target, Unit
+from dra_driver.gpu.planning import Target
+from dra_driver.gpu.strategies.base import Steps, Unit
 
 NAME = "DynamicMIG"
 

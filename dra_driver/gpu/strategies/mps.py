@@ -37,9 +37,10 @@ from dra_driver.gpu.config import (
 )
 from dra_driver.gpu.inventory import Gpu, MigInstance
 from dra_driver.gpu.mpsdaemons import MpsDaemons, mps_id, recorded_id
+from dra_driver.gpu.planning import Target
 from dra_driver.gpu.shares import is_fractional
 from dra_driver.gpu.sharing import GpuCommands
-from dra_driver.gpu.strategies.base import NodeTools, Steps, Target, Unit
+from dra_driver.gpu.strategies.base import NodeTools, Steps, Unit
 
 NAME = "MPS"
 
