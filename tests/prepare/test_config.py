@@ -6,6 +6,7 @@ import pytest
 
 from dra_driver.gpu import config
 from dra_driver.gpu.config import ConfigError, Sharing, parse_quantity
+from dra_driver.gpu.planning import resolve as resolve_configs
 from dra_driver.gpu.strategies.builtin import DECODERS
 from dra_driver.gpu.strategies.mps import Mps
 from dra_driver.gpu.strategies.timeslicing import TimeSlicing
@@ -19,7 +20,7 @@ def decode(raw: object, origin: str) -> config.DeviceConfig:
 
 
 def resolve(claim: object, types: dict) -> dict:
-    return config.resolve(claim, types, DECODERS)  # type: ignore[arg-type]
+    return resolve_configs(claim, types, DECODERS)  # type: ignore[arg-type]
 
 
 def params(kind: str = "GpuConfig", **fields: object) -> dict[str, object]:
