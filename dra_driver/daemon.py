@@ -184,10 +184,17 @@ def _run(
         from dra_driver.plugin.metrics import exposition
 
         health.serve_metrics(exposition(registry))
-    driver = _gpu_driver(settings, gpu_host_stack, registry, plugin.client)
-    driver_stack.callback(driver.close)
-    plugin.attach(driver)
-    plugin.start()
+    try:
+        driver = _gpu_driver(settings, gpu_host_stack, registry, plugin.client)
+        driver_stack.callback(driver.close)
+        plugin.attach(driver)
+        plugin.start()
+    except Exception as exc:
+        # Said now, in the log's format, and to every claim call waiting meanwhile
+        # (they would otherwise hold the exit until their wait ran out).
+        logger.error("cannot start: %s", exc, exc_info=not isinstance(exc, DriverError | OSError))
+        plugin.start_failed(str(exc))
+        raise
     _trim_heap()
     logger.info(
         "kubelet plugin running",

@@ -19,6 +19,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -236,3 +237,55 @@ def test_a_node_that_cannot_place_the_cdi_hook_is_unready_and_says_why_once(
     daemon.proc.send_signal(signal.SIGTERM)
     assert daemon.proc.wait(timeout=10) == 0
     shutil.rmtree(work_source)
+
+
+def test_a_failed_start_fails_waiting_prepares_at_once_says_why_and_exits(
+    start_daemon: Any, api: FakeApiServer
+) -> None:
+    """Issue 40 item 3: the GPU layer fails after the sockets serve while a prepare of two
+    claims waits for it: a node whose NVIDIA kernel module is not loaded, NVML's init
+    answering after 3 s (so the prepare is surely in flight). Before the fix the calls
+    waited out their 40 s, the process lingered with them, and the cause reached only
+    stderr at exit."""
+    import grpc
+
+    from dra_driver.plugin._proto import dra_v1_pb2, dra_v1_pb2_grpc
+
+    profile = Path(tempfile.mkdtemp(prefix="dd-prof-", dir="/tmp")) / "no-driver.yaml"
+    profile.write_text(
+        "name: no-driver\ndriverVersion: 580.95.05\ncudaDriverVersion: 13000\n"
+        "driverLoaded: false\ncallDelays: {nvmlInitWithFlags: 3}\n"
+        "gpus: [{model: L4, busId: '0000:38:00.0', pcieRoot: pci0000:37, numaNode: 0, minor: 0}]\n"
+    )
+    daemon = start_daemon(profile=str(profile))
+    sock = daemon.work / "plugins" / "gpu.nvidia.com" / "dra.sock"
+    wait_until(sock.exists, timeout=10, what="DRA socket")
+    uids = ["11111111-aaaa-4000-8000-0000000000b1", "11111111-aaaa-4000-8000-0000000000b2"]
+    answer: dict[str, Any] = {}
+
+    def kubelet() -> None:
+        claims = [dra_v1_pb2.Claim(namespace="default", name=f"c{i}", uid=u)
+                  for i, u in enumerate(uids)]  # fmt: skip
+        with grpc.insecure_channel(f"unix:{sock}") as ch:
+            answer["r"] = dra_v1_pb2_grpc.DRAPluginStub(ch).NodePrepareResources(
+                dra_v1_pb2.NodePrepareResourcesRequest(claims=claims), timeout=45
+            )
+
+    call = threading.Thread(target=kubelet)
+    call.start()
+    call.join(1.0)
+    assert call.is_alive()  # waiting for the GPU layer
+    failed = wait_until(lambda: "cannot start" in daemon.log, timeout=20, what="start failure")
+    failed_at = time.monotonic()
+    assert failed
+    call.join(10)
+    assert not call.is_alive()
+    answered_s = time.monotonic() - failed_at
+    for uid in uids:
+        error = answer["r"].claims[uid].error
+        assert "the plugin failed to start" in error and "Driver Not Loaded" in error, error
+    assert daemon.proc.wait(timeout=10) != 0
+    exited_s = time.monotonic() - failed_at
+    assert answered_s < 3 and exited_s < 8, (answered_s, exited_s)
+    said = next(line for line in daemon.log.splitlines() if "cannot start" in line)
+    assert said.startswith("time=") and "level=error" in said and "Driver Not Loaded" in said

@@ -37,10 +37,8 @@ runs; its changes republish at once).
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from concurrent.futures import wait as wait_for
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -58,7 +56,7 @@ from dra_driver.plugin.claimstatus import ClaimStatusWriter, DeviceStatusReporte
 from dra_driver.plugin.cleanup import StaleClaimCleaner
 from dra_driver.plugin.health import HealthHub, add_health_services
 from dra_driver.plugin.kubeclient import KubeClient
-from dra_driver.plugin.preparing import ClaimService, add_node_services
+from dra_driver.plugin.preparing import ClaimService, add_node_services, start_every_thread
 from dra_driver.plugin.publishing import SlicePublisher
 from dra_driver.plugin.registration import (
     RegistrationServicer,
@@ -198,6 +196,10 @@ class KubeletPlugin:
         if self._status is not None and isinstance(backend, DeviceStatusReporter):
             self._status.reporter = backend
         self._service.attach(backend)
+
+    def start_failed(self, reason: str) -> None:
+        """The backend cannot be built: claim calls waiting for it fail now, naming why."""
+        self._service.start_failed(reason)
 
     def _need(self) -> DeviceBackend:
         if self._backend is None:
@@ -384,15 +386,3 @@ class KubeletPlugin:
     @property
     def cleaner(self) -> StaleClaimCleaner:
         return self._cleaner
-
-
-def start_every_thread(pool: ThreadPoolExecutor, count: int) -> None:
-    """Start all ``count`` threads of ``pool`` now, before it serves a call.
-
-    A pool starts a thread per submit while none is idle, and gRPC submits from its one
-    dispatch thread: the first burst of calls after a start paid for 15 thread starts
-    in its critical path (~0.7 ms of CPU per call, docs/benchmarks.md). Threads stay
-    once started, so this takes at start the memory a plugin has after its first burst.
-    """
-    arrived = threading.Barrier(count)  # each task holds its thread until all started
-    wait_for([pool.submit(arrived.wait, 10.0) for _ in range(count)], timeout=10.0)

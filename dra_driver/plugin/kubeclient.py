@@ -28,21 +28,19 @@ import json
 import shutil
 import tempfile
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from dra_driver.errors import DriverError
+from dra_driver.plugin import kubeauth
+from dra_driver.plugin.kubeauth import Credentials
 
 RESOURCE_API = "/apis/resource.k8s.io/v1"
-IN_CLUSTER_SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 USER_AGENT = "dra-driver-plugin"
 
 Obj = dict[str, Any]
-Configure = Callable[[Any, Path], None]
-"""Fills a ``kubernetes.client.Configuration``; the path is a private (0700) dir for
-the certificate files the library writes from inline kubeconfig data."""
 
 
 class KubeError(DriverError):
@@ -79,15 +77,14 @@ class KubeClient:
     """Thread-safe; one connection pool shared by all callers, made by :meth:`connect`."""
 
     def __init__(
-        self, configure: Configure, *, what: str, timeout_s: float = 10.0, pool_size: int = 20
+        self, credentials: Credentials, *, timeout_s: float = 10.0, pool_size: int = 20
     ) -> None:
         """Prefer :meth:`in_cluster`, :meth:`from_kubeconfig` or :meth:`for_server`.
-        ``what`` names the credentials in errors; ``pool_size`` is how many requests may
-        hold a connection at once (more wait for one)."""
+        ``pool_size`` is how many requests may hold a connection at once (more wait)."""
         if pool_size < 1:
             raise ValueError(f"pool_size: {pool_size}; want at least 1")
-        self._configure = configure
-        self._what = what
+        self._credentials = credentials
+        self._what = credentials.what
         self._timeout_s = timeout_s
         self._pool_size = pool_size
         self._lock = threading.Lock()
@@ -96,62 +93,21 @@ class KubeClient:
 
     @classmethod
     def in_cluster(
-        cls, environ: Mapping[str, str], sa_dir: Path = IN_CLUSTER_SA_DIR, **kw: Any
+        cls, environ: Mapping[str, str], sa_dir: Path = kubeauth.IN_CLUSTER_SA_DIR, **kw: Any
     ) -> KubeClient:
-        """The pod's service account: ``KUBERNETES_SERVICE_HOST``/``_PORT`` from
-        ``environ`` (not this process's environment), its token re-read as it rotates."""
-
-        def configure(cfg: Any, _tmp: Path) -> None:
-            from kubernetes.config.incluster_config import InClusterConfigLoader
-
-            loader = InClusterConfigLoader(  # type: ignore[no-untyped-call]
-                token_filename=str(sa_dir / "token"),
-                cert_filename=str(sa_dir / "ca.crt"),
-                environ=dict(environ),
-            )
-            loader.load_and_set(cfg)  # type: ignore[no-untyped-call]
-
-        return cls(configure, what=f"in-cluster service account ({sa_dir})", **kw)
+        """The pod's service account (:func:`~dra_driver.plugin.kubeauth.in_cluster`)."""
+        return cls(kubeauth.in_cluster(environ, sa_dir), **kw)
 
     @classmethod
     def from_kubeconfig(cls, paths: str, context: str | None = None, **kw: Any) -> KubeClient:
-        """Kubeconfig file(s), ``:``-joined (the first naming an entry wins), as kubectl
-        reads them; ``context`` None is their current-context."""
-
-        def configure(cfg: Any, tmp: Path) -> None:
-            from kubernetes.config.kube_config import load_kube_config
-
-            load_kube_config(  # type: ignore[no-untyped-call]
-                config_file=paths, context=context, client_configuration=cfg,
-                persist_config=False, temp_file_path=str(tmp),
-            )  # fmt: skip
-            # A tokenFile ending in a newline (as `echo` writes it): kubectl trims it,
-            # the library would send it (its refresh hook sets it before each request),
-            # and urllib3 refuses such a header.
-            refresh = cfg.refresh_api_key_hook
-
-            def trimmed(c: Any) -> None:
-                if refresh is not None:
-                    refresh(c)
-                if "BearerToken" in c.api_key:
-                    c.api_key["BearerToken"] = c.api_key["BearerToken"].strip()
-
-            trimmed(cfg)
-            cfg.refresh_api_key_hook = trimmed
-
-        what = f"kubeconfig {paths}" + (f" (context {context})" if context else "")
-        return cls(configure, what=what, **kw)
+        """Kubeconfig file(s) as kubectl reads them
+        (:func:`~dra_driver.plugin.kubeauth.kubeconfig`)."""
+        return cls(kubeauth.kubeconfig(paths, context), **kw)
 
     @classmethod
     def for_server(cls, server: str, *, token: str | None = None, **kw: Any) -> KubeClient:
         """A server URL and a bearer token (tests and tools)."""
-
-        def configure(cfg: Any, _tmp: Path) -> None:
-            cfg.host = server
-            if token:
-                cfg.api_key = {"BearerToken": f"Bearer {token}"}
-
-        return cls(configure, what=f"server {server}", **kw)
+        return cls(kubeauth.for_server(server, token), **kw)
 
     # -- connection ------------------------------------------------------------
 
@@ -174,7 +130,7 @@ class KubeClient:
         cfg = kubernetes.client.Configuration()
         self._tmp = Path(tempfile.mkdtemp(prefix="dra-kubeclient-"))
         try:
-            self._configure(cfg, self._tmp)
+            self._credentials.configure(cfg, self._tmp)
         except Exception as exc:  # the loaders raise ConfigException, OSError, ValueError...
             said = " ".join(str(exc).split())  # YAML errors span lines: one line for the log
             raise KubeConfigError(f"cannot load the {self._what}: {said}") from exc
@@ -215,14 +171,24 @@ class KubeClient:
         headers = {"Accept": "application/json"}
         if body is not None:
             headers["Content-Type"] = content_type
-        with _errors(method, path):
+        with self._stale_on_401(), _errors(method, path):
             serialized = api.param_serialize(
                 method, path, query_params=list((params or {}).items()), header_params=headers,
                 body=body, auth_settings=["BearerToken"],
             )  # fmt: skip
             resp = api.call_api(*serialized[:4], _request_timeout=self._timeout_s)
             data = resp.read()
-        return _decode(method, path, resp.status, data)
+            return _decode(method, path, resp.status, data)
+
+    @contextmanager
+    def _stale_on_401(self) -> Iterator[None]:
+        """A refused token is read again from its file before the next call (kubeauth)."""
+        try:
+            yield
+        except KubeApiError as exc:
+            if exc.status == 401:
+                self._credentials.stale()
+            raise
 
     # -- the calls the plugin makes -----------------------------------------------
 
@@ -288,14 +254,14 @@ class KubeClient:
                   ("resourceVersion", resource_version), ("allowWatchBookmarks", "true"),
                   ("timeoutSeconds", timeout_s)]  # fmt: skip
         what = f"{RESOURCE_API}/resourceslices?watch"
-        with _errors("GET", what):
+        with self._stale_on_401(), _errors("GET", what):
             serialized = api.param_serialize(
                 "GET", f"{RESOURCE_API}/resourceslices", query_params=params,
                 header_params={"Accept": "application/json"}, auth_settings=["BearerToken"],
             )  # fmt: skip
             resp = api.call_api(*serialized[:4], _request_timeout=(self._timeout_s, timeout_s + 30))
-        if not 200 <= resp.status < 300:
-            _decode("GET", what, resp.status, resp.read())
+            if not 200 <= resp.status < 300:
+                _decode("GET", what, resp.status, resp.read())
         return Watch(resp.response)
 
 

@@ -107,12 +107,14 @@ def start_plugin_on_node(
     node_prefix: str = "plugin-node",
     registry: Any = None,
     node: dict[str, Any] | None = None,
+    kubeconfig: Path | None = None,
     **settings: Any,
 ) -> PluginOnNode:
-    """``node``: an existing Node object (else one is created)."""
+    """``node``: an existing Node object (else one is created); ``kubeconfig``: the
+    plugin's (else one with a token bound to the node)."""
     apply_rbac(cluster, driver)
     node = node or cluster.create_node(unique(node_prefix))
-    kubeconfig = node_bound_kubeconfig(cluster, node, driver)
+    kubeconfig = kubeconfig or node_bound_kubeconfig(cluster, node, driver)
     plugin = KubeletPlugin(
         settings=PluginSettings(
             driver_name=driver,

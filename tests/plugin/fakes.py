@@ -193,6 +193,8 @@ class FakeApiServer:
         """Client addresses, one per connection, that carried a claim GET."""
         self.authorizations: list[str] = []
         """The Authorization header of every GET, in order."""
+        self.accepted_authorizations: set[str] | None = None
+        """When set, a GET with another Authorization header is answered 401."""
         self._rv = 1
         self._lock = threading.Lock()
         server = self
@@ -206,6 +208,10 @@ class FakeApiServer:
                 url = urlparse(self.path)
                 server.requests.append(("GET", url.path))
                 server.authorizations.append(self.headers.get("Authorization", ""))
+                accepted = server.accepted_authorizations
+                if accepted is not None and self.headers.get("Authorization", "") not in accepted:
+                    self._send(401, {"kind": "Status", "reason": "Unauthorized", "message": "u"})
+                    return
                 if m := re.fullmatch(
                     r"/apis/resource.k8s.io/v1/namespaces/([^/]+)/resourceclaims/([^/]+)", url.path
                 ):

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from dra_driver.plugin.kubeauth import TOKEN_REREAD_S, TokenFile
 from dra_driver.plugin.kubeclient import (
     ConflictError,
     KubeApiError,
@@ -131,3 +132,59 @@ def test_the_library_is_imported_only_when_connecting() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "True"]
+
+
+def test_a_rotated_token_file_is_read_again_after_a_401(api: FakeApiServer, tmp_path: Path) -> None:
+    """The library reads a kubeconfig's tokenFile once; a token rotated (or replaced after
+    a revocation) must be in use from the next call, not after a restart."""
+    (tmp_path / "tok").write_text("old\n")
+    client = KubeClient.from_kubeconfig(
+        str(_single(tmp_path / "kc", api.server, {"tokenFile": "tok"}))
+    )
+    client.get_resource_claim("default", "missing")
+    api.accepted_authorizations = {"Bearer new"}
+    (tmp_path / "tok").write_text("new\n")
+    with pytest.raises(KubeApiError) as refused:
+        client.get_resource_claim("default", "missing")
+    assert refused.value.status == 401 and api.authorizations[-1] == "Bearer old"
+    assert client.get_resource_claim("default", "missing") is None
+    assert api.authorizations[-1] == "Bearer new"
+    client.close()
+
+
+def test_an_in_cluster_token_is_read_again_after_a_401(api: FakeApiServer, tmp_path: Path) -> None:
+    (tmp_path / "token").write_text("sa-1")
+    (tmp_path / "ca.crt").write_text("CA")
+    client = KubeClient.in_cluster({"KUBERNETES_SERVICE_HOST": "h", "KUBERNETES_SERVICE_PORT": "1"},
+                                   sa_dir=tmp_path)  # fmt: skip
+    client.connect()
+    client._api.configuration.host = api.server  # the fake serves plain HTTP
+    client.get_resource_claim("default", "missing")
+    assert api.authorizations[-1] == "Bearer sa-1"
+    api.accepted_authorizations = {"Bearer sa-2"}
+    (tmp_path / "token").write_text("sa-2")
+    with pytest.raises(KubeApiError, match="401"):
+        client.get_resource_claim("default", "missing")
+    assert client.get_resource_claim("default", "missing") is None
+    assert api.authorizations[-1] == "Bearer sa-2"
+    client.close()
+
+
+def test_a_token_file_is_read_again_every_minute_and_kept_while_unreadable(tmp_path: Path) -> None:
+    now = [0.0]
+    path = tmp_path / "tok"
+    path.write_text("a")
+    token = TokenFile(path.read_text, clock=lambda: now[0])
+    assert token.header() == "Bearer a"
+    path.write_text("b")
+    now[0] = TOKEN_REREAD_S - 1
+    assert token.header() == "Bearer a"  # cached, as client-go's file token source
+    now[0] = TOKEN_REREAD_S
+    assert token.header() == "Bearer b"
+    path.unlink()  # being replaced: the last token may still be valid
+    token.stale()
+    assert token.header() == "Bearer b"
+    path.write_text("c")
+    assert token.header() == "Bearer c"  # the failed read is tried again on the next call
+    with pytest.raises(FileNotFoundError):
+        TokenFile((tmp_path / "never").read_text).header()

@@ -18,9 +18,8 @@ from dra_driver.plugin._proto import (
     dra_v1beta1_pb2,
     dra_v1beta1_pb2_grpc,
 )
-from dra_driver.plugin.app import start_every_thread
 from dra_driver.plugin.claims import ClaimRef
-from dra_driver.plugin.preparing import ClaimService
+from dra_driver.plugin.preparing import ClaimService, start_every_thread
 from dra_driver.plugin.sockets import FileLock
 from tests.plugin.conftest import RunningPlugin, StartPlugin
 from tests.plugin.fakes import DRIVER, FakeBackend, claim_object

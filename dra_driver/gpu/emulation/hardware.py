@@ -156,3 +156,5 @@ class EmulatedProfile:
     driver_layout: str = "debian"
     """Where the driver's files sit under its root (:data:`~.hosttree.LAYOUTS`): ``debian``
     (multiarch lib dir), ``rhel`` (``usr/lib64``) or ``gke`` (``lib64`` and ``bin``)."""
+    driver_loaded: bool = True
+    """False: NVML's init answers "Driver Not Loaded" (the kernel module is not loaded)."""

@@ -41,6 +41,7 @@ from dra_driver.gpu.emulation.runtime import (
 # NVML return codes (nvml.h).
 SUCCESS = 0
 ERROR_UNINITIALIZED = 1
+ERROR_DRIVER_NOT_LOADED = 9
 ERROR_INVALID_ARGUMENT = 2
 ERROR_NOT_SUPPORTED = 3
 ERROR_NOT_FOUND = 6
@@ -58,6 +59,7 @@ ERROR_STRINGS = {
     ERROR_INVALID_ARGUMENT: "Invalid Argument",
     ERROR_NOT_SUPPORTED: "Not Supported",
     ERROR_NOT_FOUND: "Not Found",
+    ERROR_DRIVER_NOT_LOADED: "Driver Not Loaded",
     ERROR_INSUFFICIENT_SIZE: "Insufficient Size",
     ERROR_TIMEOUT: "Timeout",
     ERROR_FUNCTION_NOT_FOUND: "Function Not Found",

@@ -8,6 +8,7 @@ from dra_driver.gpu.emulation.nvmlcore import (
     ARCH_CODES,
     BRAND_CODES,
     ERROR_ARGUMENT_VERSION_MISMATCH,
+    ERROR_DRIVER_NOT_LOADED,
     ERROR_INVALID_ARGUMENT,
     ERROR_NOT_FOUND,
     ERROR_NOT_SUPPORTED,
@@ -31,9 +32,11 @@ class DeviceCalls(LibraryCore):
 
     # ---- library and system --------------------------------------------------------------
     def _c_nvmlInitWithFlags(self, flags: Any) -> None:
-        self._init_count += 1
+        self._c_nvmlInit_v2()
 
     def _c_nvmlInit_v2(self) -> None:
+        if not self.profile.driver_loaded:  # a node whose kernel module is not loaded (yet)
+            raise Return(ERROR_DRIVER_NOT_LOADED)
         self._init_count += 1
 
     def _c_nvmlShutdown(self) -> None:

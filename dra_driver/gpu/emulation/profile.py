@@ -269,7 +269,8 @@ def parse_profile(text: str, origin: str = "<profile>") -> EmulatedProfile:
         _check_keys(
             data,
             {"name", "driverVersion", "cudaDriverVersion", "models", "gpus", "nvlinkBridges",
-             "fabric", "numaDistances", "callDelays", "deviceNodeDelay", "driverLayout"},
+             "fabric", "numaDistances", "callDelays", "deviceNodeDelay", "driverLayout",
+             "driverLoaded"},
             "profile",
         )  # fmt: skip
         name = _get(data, "name", "profile", str)
@@ -292,6 +293,7 @@ def parse_profile(text: str, origin: str = "<profile>") -> EmulatedProfile:
             call_delays=call_delays(data.get("callDelays", {}), "profile.callDelays"),
             device_node_delay=_seconds(data.get("deviceNodeDelay", 0), "profile.deviceNodeDelay"),
             driver_layout=_layout(data),
+            driver_loaded=_get(data, "driverLoaded", "profile", bool, True),
         )
     except ProfileError as exc:
         raise ProfileError(f"{origin}: {exc}") from None
