@@ -99,7 +99,8 @@ def test_a_rotated_token_file_is_used_within_seconds(cluster: Cluster, short_dir
         _, new_token = _pod_bound_token(cluster, name)
         token_file.write_text(new_token + "\n")
         namespace, _ = sa_of(DRIVER)
-        cluster.rest.delete(f"/api/v1/namespaces/{namespace}/pods/{old_pod}")
+        gone_now = {"kind": "DeleteOptions", "apiVersion": "v1", "gracePeriodSeconds": 0}
+        cluster.rest.request("DELETE", f"/api/v1/namespaces/{namespace}/pods/{old_pod}", gone_now)
         wait_until(
             lambda: _refused(cluster, old_token, short_dir), timeout=30, what="old token refused"
         )
