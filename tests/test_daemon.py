@@ -289,3 +289,14 @@ def test_a_failed_start_fails_waiting_prepares_at_once_says_why_and_exits(
     assert answered_s < 3 and exited_s < 8, (answered_s, exited_s)
     said = next(line for line in daemon.log.splitlines() if "cannot start" in line)
     assert said.startswith("time=") and "level=error" in said and "Driver Not Loaded" in said
+
+
+def test_a_sigkilled_plugin_leaves_no_client_dir(start_daemon: Any) -> None:
+    """Issue 40 item 5: every SIGKILLed plugin left an empty /tmp/dra-kubeclient-* dir."""
+    base = Path(tempfile.gettempdir())
+    before = set(base.glob("dra-kubeclient-*"))
+    daemon = start_daemon()
+    wait_until(lambda: daemon.api.slices, timeout=30, what="slices published")
+    daemon.proc.kill()
+    daemon.proc.wait(10)
+    assert set(base.glob("dra-kubeclient-*")) - before == set()

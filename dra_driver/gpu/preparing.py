@@ -214,6 +214,12 @@ class ClaimPreparer(Unpreparer):
             entry = loaded.checkpoint.claims.get(ref.uid)
             if entry is None or entry.state != PREPARED or not spec.exists():
                 return None
+            if (entry.namespace, entry.name) != (ref.namespace, ref.name):
+                raise PrepareError(  # a UID names one claim: a mix-up, never a new pod
+                    f"claim UID {ref.uid} is prepared on this node as "
+                    f"{entry.namespace}/{entry.name}, not {ref.namespace}/{ref.name}",
+                    permanent=True,
+                )
             return _result(entry)
 
     def prepared_claims(self) -> list[ClaimRef]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import subprocess
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,8 +53,27 @@ class GpuTools:
         )
 
 
+_DIE_WITH_PARENT = """\
+import ctypes, os, signal, sys
+ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+if os.getppid() != int(sys.argv[1]):
+    os._exit(137)  # the plugin died before the line above
+try:
+    os.execvp(sys.argv[2], sys.argv[2:])
+except OSError as exc:
+    print(f"{sys.argv[2]}: {exc.strerror}", file=sys.stderr)
+    os._exit(127)
+"""
+"""Run before each tool (``python -I -S -c``, ~15 ms): the tool is SIGKILLed when the
+plugin dies. A tool left running by a SIGKILLed plugin would act later, on a GPU the
+restarted plugin has taken up again (a slow ``nvidia-smi -c DEFAULT`` landing under a
+new MPS daemon). A daemon the tool starts (``nvidia-cuda-mps-control -d``) forks, and a
+fork does not inherit the signal: daemons outlive the plugin as before."""
+
+
 class GpuCommands:
-    """Runs the tools; every failure (exit code, timeout, missing binary) is a ToolError."""
+    """Runs the tools; every failure (exit code, timeout, missing binary) is a ToolError.
+    Each tool dies with the plugin process (:data:`_DIE_WITH_PARENT`)."""
 
     def __init__(self, *, tools: GpuTools, logger: logging.Logger) -> None:
         self._tools = tools
@@ -67,7 +87,7 @@ class GpuCommands:
         self._log.debug("running %s", argv)
         try:
             done = subprocess.run(
-                list(argv),
+                [sys.executable, "-I", "-S", "-c", _DIE_WITH_PARENT, str(os.getpid()), *argv],
                 input=stdin,
                 capture_output=True,
                 text=True,

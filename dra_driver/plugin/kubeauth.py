@@ -18,6 +18,9 @@ new connection.
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -31,6 +34,32 @@ TOKEN_REREAD_S = 60.0
 Configure = Callable[[Any, Path], None]
 """Fills a ``kubernetes.client.Configuration``; the path is a private (0700) dir for
 the certificate files the library writes from inline kubeconfig data."""
+
+
+CERT_DIR_PREFIX = "dra-kubeclient-"
+
+
+def cert_dir() -> Path:
+    """A private (0700) dir for the certificate files the library writes from inline
+    kubeconfig data: ``<tmp>/dra-kubeclient-<pid>-<random>``. A process SIGKILLed
+    cannot remove its own, so each new one first removes those whose process is gone
+    (they may hold a private key)."""
+    base = Path(tempfile.gettempdir())
+    for old in base.glob(f"{CERT_DIR_PREFIX}*-*"):
+        pid = old.name[len(CERT_DIR_PREFIX) :].split("-", 1)[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(old, ignore_errors=True)
+    return Path(tempfile.mkdtemp(prefix=f"{CERT_DIR_PREFIX}{os.getpid()}-"))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's: alive
+        return True
+    return True
 
 
 class TokenFile:

@@ -24,9 +24,9 @@ Errors (all raised ``from`` the original cause)::
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
-import tempfile
 import threading
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -128,12 +128,14 @@ class KubeClient:
         import kubernetes.client  # heavy: see the module docstring
 
         cfg = kubernetes.client.Configuration()
-        self._tmp = Path(tempfile.mkdtemp(prefix="dra-kubeclient-"))
+        self._tmp = kubeauth.cert_dir()
         try:
             self._credentials.configure(cfg, self._tmp)
         except Exception as exc:  # the loaders raise ConfigException, OSError, ValueError...
             said = " ".join(str(exc).split())  # YAML errors span lines: one line for the log
             raise KubeConfigError(f"cannot load the {self._what}: {said}") from exc
+        with contextlib.suppress(OSError):  # nothing written (no inline data): no dir left
+            self._tmp.rmdir()  # behind a SIGKILL; the library makes it again if it must
         if not cfg.host:
             raise KubeConfigError(f"the {self._what} names no API server")
         cfg.connection_pool_maxsize = self._pool_size

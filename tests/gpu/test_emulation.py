@@ -374,3 +374,40 @@ def test_never_writes_over_a_real_looking_host_root(tmp_path: Path) -> None:
     with pytest.raises(FileExistsError, match="refusing to write an emulated node"):
         EmulatedNode.create("t4", tmp_path)
     assert list((tmp_path / "sys").iterdir()) == [tmp_path / "sys" / "bus"]
+
+
+KILLED_WHILE_WRITING = """
+import os, signal, sys
+from pathlib import Path
+from dra_driver.gpu.emulation import node
+
+def killed(profile, root, **kw):
+    (root / "sys" / "bus" / "pci").mkdir(parents=True)  # the first files of the tree
+    os.kill(os.getpid(), signal.SIGKILL)
+
+node.write_host_tree = killed
+node.EmulatedNode.create("l4-x4", Path(sys.argv[1]))
+"""
+
+
+def test_a_first_start_killed_while_writing_the_tree_is_refreshed_by_the_next(
+    tmp_path: Path,
+) -> None:
+    """Issue 40 item 5: the marker was written last, so every later start refused a tree
+    a SIGKILL had left half written."""
+    import signal
+    import subprocess
+    import sys
+
+    root = tmp_path / "host"
+    repo = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-c", KILLED_WHILE_WRITING, str(root)],
+                          env={**os.environ, "PYTHONPATH": str(repo)}, check=False)  # fmt: skip
+    assert done.returncode == -signal.SIGKILL and (root / "sys").is_dir()
+    node = EmulatedNode.create("l4-x4", root)
+    with node.nvml():
+        pynvml.nvmlInit()
+        try:
+            assert pynvml.nvmlDeviceGetCount() == 4
+        finally:
+            pynvml.nvmlShutdown()

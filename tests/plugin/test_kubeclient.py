@@ -188,3 +188,32 @@ def test_a_token_file_is_read_again_every_minute_and_kept_while_unreadable(tmp_p
     assert token.header() == "Bearer c"  # the failed read is tried again on the next call
     with pytest.raises(FileNotFoundError):
         TokenFile((tmp_path / "never").read_text).header()
+
+
+def test_certificate_dirs_of_dead_processes_are_removed(tmp_path: Path) -> None:
+    """A SIGKILLed plugin cannot remove the dir where the library wrote an inline
+    kubeconfig's key; the next client removes it (and leaves a live process's alone)."""
+    import os
+    import tempfile
+
+    from dra_driver.plugin.kubeauth import cert_dir
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    base = Path(tempfile.gettempdir())
+    stale = base / f"dra-kubeclient-{int(dead.stdout)}-abc"
+    live = base / f"dra-kubeclient-{os.getppid()}-abc"
+    for d in (stale, live):
+        d.mkdir(exist_ok=True)
+        (d / "key").write_text("secret")
+    try:
+        made = cert_dir()
+        assert not stale.exists() and live.exists()
+        assert made.name.startswith(f"dra-kubeclient-{os.getpid()}-")
+        assert made.stat().st_mode & 0o777 == 0o700
+        made.rmdir()
+    finally:
+        for d in (stale, live):
+            if d.exists():
+                (d / "key").unlink()
+                d.rmdir()

@@ -1,6 +1,6 @@
 """A plugin process for the chaos test (:mod:`tests.prepare.test_chaos`) that takes
-prepare and unprepare calls on stdin and can be told to SIGKILL itself, with its tools,
-at a chosen point of a call.
+prepare and unprepare calls on stdin and can be told to SIGKILL itself (itself alone: its
+tools die with it by their parent-death signal) at a chosen point of a call.
 
 Usage: ``python -m tests.prepare.chaos <node root> [<kill>]``, started in its own
 session (process group), with ``DRA_CHAOS_VARIANT`` ``shares`` (the default: an r615
@@ -22,9 +22,10 @@ counted from the start of that call (or of recovery):
 * ``write``: the N-th atomic file write (checkpoint or CDI spec) has its temp file
   complete but not yet in place.
 
-A call with fewer such points than N finishes. The kill is ``killpg`` of the whole
-group, as a container's SIGKILL takes the tools it runs; MPS daemons, which detach
-into their own session like the real one, stay.
+A call with fewer such points than N finishes. The kill is of this process alone, as a
+host process or a runtime that leaves a container's children would see it: a tool in
+flight must die with it (``sharing._DIE_WITH_PARENT``), never act after it; MPS daemons,
+which detach into their own session like the real one, stay.
 """
 
 from __future__ import annotations
@@ -148,7 +149,7 @@ def open_chaos_node(root: Path, *, create: bool = False, variant: str = "shares"
 
 
 class _Killer:
-    """Counts the kill points of the current call and kills the group at the armed one."""
+    """Counts the kill points of the current call and kills the process at the armed one."""
 
     def __init__(self) -> None:
         self.armed: dict[str, Any] | None = None
@@ -166,11 +167,11 @@ class _Killer:
 
     def point(self, kind: str) -> None:
         if self.due(kind):
-            kill_group()
+            kill_self()
 
 
-def kill_group() -> None:
-    os.killpg(0, signal.SIGKILL)
+def kill_self() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
     time.sleep(60)  # never reached: SIGKILL cannot be caught
 
 
@@ -189,7 +190,7 @@ def _install_hooks(killer: _Killer) -> None:
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
             )
-            kill_group()  # the tool started (exec done) and has not acted yet
+            kill_self()  # the tool started (exec done) and has not acted yet
         done = real_run(argv, **kw)
         killer.point("tool-after")
         return done

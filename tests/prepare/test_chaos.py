@@ -1,11 +1,11 @@
 """Seeded chaos: hundreds of prepare and unprepare calls on an emulated 12-GPU node with
 slow tools (exclusive, time-slicing, MPS, both in one claim, enforced MPS shares of one
 GPU, time-sliced shares of another; in the ``slots`` variant, on a 580 driver, MPS slots of
-one GPU instead of the enforced shares), a plugin process SIGKILLed with its tools at random
-points of calls and of its start-up recovery, and restarted at random. After every call
-and every restart, what runs on the node is what the checkpoint says; at the end every
-claim is unprepared and nothing is left: no spec, entry, daemon, directory, mount, temp
-file or GPU setting.
+one GPU instead of the enforced shares), a plugin process SIGKILLed alone (its tools must
+die with it) at random points of calls and of its start-up recovery, and restarted at
+random. After every call and every restart, what runs on the node is what the checkpoint
+says; at the end every claim is unprepared and nothing is left: no spec, entry, daemon,
+directory, mount, temp file or GPU setting.
 
 ``DRA_CHAOS_SEED=<n>`` repeats a run (the seed is in every failure message; without it
 each run draws a new one), ``DRA_CHAOS_OPS=<n>`` sets the number of calls (300).
@@ -43,7 +43,7 @@ may be writing a younger one)."""
 
 
 class Died(Exception):
-    """The worker process is gone (its group was SIGKILLed)."""
+    """The worker process is gone (it was SIGKILLed)."""
 
 
 class Worker:
@@ -82,7 +82,7 @@ class Worker:
         return self.read()
 
     def kill(self) -> None:
-        os.killpg(self.proc.pid, signal.SIGKILL)
+        os.kill(self.proc.pid, signal.SIGKILL)  # the plugin alone: its tools die with it
         self._reap()
 
     def stop(self) -> None:
@@ -92,7 +92,8 @@ class Worker:
         self._reap()
 
     def _reap(self) -> None:
-        """Wait for the process and every tool of its group (never the detached daemons)."""
+        """Wait for the process and every tool of its group (never the detached daemons):
+        a tool that outlives the plugin fails the run."""
         self.proc.wait(REPLY_TIMEOUT_S)
         for stream in (self.proc.stdin, self.proc.stdout):
             if stream is not None:

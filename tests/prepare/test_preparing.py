@@ -422,5 +422,17 @@ def test_looking_up_a_claim_not_prepared_takes_no_checkpoint_lock(node: Node) ->
         started = time.monotonic()
         assert p.prepared_devices(ClaimRef("default", "other", UID2)) is None
         assert time.monotonic() - started < 0.5
-    [dev] = p.prepared_devices(ClaimRef("default", "c1", UID)) or []
+    [dev] = p.prepared_devices(ClaimRef("ns", "c1", UID)) or []
+    assert dev.device_name == "gpu-1"
+
+
+def test_a_prepared_uid_asked_for_under_another_name_is_refused(node: Node) -> None:
+    """A UID names one claim: a prepare of a prepared UID under another namespace/name is
+    a mix-up (a bug or a forged request), never answered with the other claim's devices."""
+    p = node.preparer()
+    p.prepare(claim(devices=[("gpu", "gpu-1")]))
+    for other in (ClaimRef("ns", "c2", UID), ClaimRef("team-b", "c1", UID)):
+        with pytest.raises(PrepareError, match=rf"{UID} is prepared on this node as ns/c1"):
+            p.prepared_devices(other)
+    [dev] = p.prepared_devices(ClaimRef("ns", "c1", UID)) or []
     assert dev.device_name == "gpu-1"

@@ -74,10 +74,12 @@ class EmulatedNode:
                 f"{root} holds a sys/ tree that is not an emulated node; refusing to write an "
                 "emulated node over what may be a real host root"
             )
-        host = write_host_tree(loaded, root)
-        profile_file = host.root / PROFILE_FILE
+        # The profile first: it marks the root as an emulated node, so a start killed
+        # while writing the tree leaves one the next start refreshes, not refuses.
+        profile_file = root / PROFILE_FILE
         profile_file.parent.mkdir(parents=True, exist_ok=True)
         profile_file.write_text(loaded.source)
+        host = write_host_tree(loaded, root)
         (host.root / UNPLUGGED_FILE).unlink(missing_ok=True)
         mig = MigState(
             loaded,
