@@ -41,10 +41,18 @@ from dra_driver.gpu.consumable import ConsumableGpus, MpsSlots
 from dra_driver.gpu.devices import NumaAttributeForm, build_pool
 from dra_driver.gpu.devicestatus import device_status
 from dra_driver.gpu.discovery import DiscoveryError
-from dra_driver.gpu.health import HealthSnapshot, device_faults, taints_for
+from dra_driver.gpu.health import (
+    Fault,
+    HealthSnapshot,
+    claim_state_taint,
+    device_faults,
+    health_reports,
+    taints_for,
+)
 from dra_driver.gpu.healthpolicy import HealthPolicy
 from dra_driver.gpu.hostpaths import HostPaths
 from dra_driver.gpu.inventory import Inventory
+from dra_driver.gpu.migholders import MigHolders
 from dra_driver.gpu.miginstances import MigInstances
 from dra_driver.gpu.monitor import HealthEvents, HealthMonitor
 from dra_driver.gpu.mpsrunners import DaemonRunner
@@ -60,11 +68,8 @@ from dra_driver.plugin.backend import DeviceHealth
 from dra_driver.plugin.claimbook import PreparedClaim
 from dra_driver.plugin.claims import Claim, ClaimRef, PreparedDevice
 from dra_driver.plugin.claimstatus import DeviceStatus
-from dra_driver.plugin.resources import DeviceTaint, Pool
+from dra_driver.plugin.resources import Pool
 
-_MESSAGE_LIMIT = 1024  # the kubelet truncates longer health messages
-CLAIM_STATE_TAINT = "claim-state"
-"""Taint key (under the driver name) on every device while the checkpoint is unreadable."""
 DEFAULT_HEALTH_POLICY = HealthPolicy()
 
 
@@ -186,11 +191,17 @@ class GpuDriver:
             mps_slots=self._slots,
             mps_runner=mps_runner,
         )
-        # Claim calls go straight to the preparer; this class adds nothing to them.
+        # Claim calls go straight to the preparer (dynamic MIG: faults then follow instances).
         self.prepare = self._preparer.prepare
         self.prepared_devices = self._preparer.prepared_devices
         self.unprepare = self._preparer.unprepare
         self.prepared_claims = self._preparer.prepared_claims
+        book = self._monitor.book if self._monitor is not None else None
+        self._holders = MigHolders(read=self._preparer.recorded_claims, book=book)
+        if self._mig is not None:
+            rebuild = functools.partial(self._health_changed, rebuild=True)
+            self.prepare = self._holders.following(self.prepare, rebuild)
+            self.unprepare = self._holders.following(self.unprepare, rebuild)
         self._place_hook()
         self._preparer.warm()
         self._pool = self._build(self._inventory, self._health)
@@ -210,7 +221,12 @@ class GpuDriver:
         self._owned = frozenset(before | self._recorded_instances())
         if self._mig is not None:
             self._mig.note_discovery(self._owned)
+            self._holders.update()
         return inventory
+
+    def _faults(self, health: HealthSnapshot, inventory: Inventory) -> dict[str, list[Fault]]:
+        dynamic = self._holders.view(self._owned) if self._mig is not None else None
+        return device_faults(health, inventory, dynamic)
 
     def _recorded_instances(self) -> set[OwnedInstance]:
         if self._mig is None:
@@ -224,7 +240,7 @@ class GpuDriver:
         policy = self._monitor.policy if self._monitor is not None else HealthPolicy()
         taints = {
             name: taints_for(faults, driver_name=self._driver_name, policy=policy)
-            for name, faults in device_faults(health, inventory).items()
+            for name, faults in self._faults(health, inventory).items()
         }
         pool = build_pool(
             inventory,
@@ -238,10 +254,7 @@ class GpuDriver:
         pool = fractional_pool(pool, inventory, self._consumable, self._slots)
         if not self._state_problem:
             return pool
-        # Claims cannot be prepared here until the checkpoint is fixed: keep the
-        # scheduler from sending more (README, "Claim state and recovery").
-        stop = DeviceTaint(key=f"{self._driver_name}/{CLAIM_STATE_TAINT}",
-                           value="checkpoint-unreadable", effect="NoSchedule")  # fmt: skip
+        stop = claim_state_taint(self._driver_name)
         devices = tuple(dataclasses.replace(d, taints=(*d.taints, stop)) for d in pool.devices)
         return dataclasses.replace(pool, devices=devices)
 
@@ -297,7 +310,9 @@ class GpuDriver:
             return False
         if self._monitor is not None:
             self._monitor.track(inventory)
-        with self._lock:
+        latest = self._monitor.book.snapshot() if self._monitor is not None else self._health
+        with self._lock:  # the latest faults: re-discovery may have dropped some
+            self._health = max(latest, self._health, key=lambda h: h.version)
             pool = self._build(inventory, self._health)
             changed = pool != self._pool
             self._inventory, self._pool = inventory, pool
@@ -336,13 +351,14 @@ class GpuDriver:
     def usage(self) -> UsageSampler | None:
         return self._usage
 
-    def _health_changed(self) -> None:
+    def _health_changed(self, *, rebuild: bool = False) -> None:
+        """Republish with the book's faults if they changed (``rebuild``: or their mapping)."""
         if self._monitor is None:
             return
         snapshot = self._monitor.book.snapshot()
         with self._lock:
-            if snapshot.version <= self._health.version:
-                return  # an older snapshot arriving late from another thread
+            if (snapshot.version, rebuild) <= (self._health.version, False):
+                return  # no change, or an older snapshot arriving late from another thread
             self._health = snapshot
             pool = self._build(self._inventory, snapshot)
             changed = pool != self._pool
@@ -369,7 +385,7 @@ class GpuDriver:
         with self._lock:
             pool, health, inventory = self._pool, self._health, self._inventory
         published = {d.name: d for d in pool.devices}
-        faults = device_faults(health, inventory)
+        faults = self._faults(health, inventory)
         return [
             device_status(name, inventory, published.get(name), faults.get(name, []))
             for name in (d.device_name for d in devices)
@@ -377,23 +393,7 @@ class GpuDriver:
 
     # ---- HealthReporter ----
     def device_health(self) -> list[DeviceHealth]:
-        """Read off the published pool: Unhealthy exactly when a device carries a
-        NoSchedule or NoExecute taint; the message lists every taint."""
+        """Read off the published pool (:func:`~dra_driver.gpu.health.health_reports`)."""
         with self._lock:
             pool, health, inventory = self._pool, self._health, self._inventory
-        faults = device_faults(health, inventory)
-        out = []
-        for d in pool.devices:
-            bad = any(t.effect != "None" for t in d.taints)
-            notes = [f.message for f in faults.get(d.name, [])]
-            if any(t.key.endswith("/degraded") for t in d.taints):
-                notes.insert(0, "GPU degraded: an NVML query failed")
-            if any(t.key.endswith(f"/{CLAIM_STATE_TAINT}") for t in d.taints):
-                notes.insert(0, "claims cannot be prepared on this node: checkpoint unreadable")
-            message = "; ".join(notes)
-            if len(message) > _MESSAGE_LIMIT:
-                message = message[: _MESSAGE_LIMIT - 3] + "..."
-            out.append(
-                DeviceHealth(self._pool_name, d.name, "Unhealthy" if bad else "Healthy", message)
-            )
-        return out
+        return health_reports(pool, self._faults(health, inventory), self._pool_name)

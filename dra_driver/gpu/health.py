@@ -26,6 +26,17 @@ The policy itself (which Xids are ignored, informational or fatal; the healthy
 period; the fatal effect) lives in :mod:`dra_driver.gpu.healthpolicy`, which the
 flag parser builds before the rest of the GPU layer is imported.
 
+Which devices a fault reaches (:func:`device_faults`): a GPU without MIG, its
+device; a MIG-mode GPU, every device published for it, except that a fault
+scoped to one instance (GI/CI IDs) reaches only that instance's device. In
+static MIG mode those are the instances discovered. In dynamic MIG mode they
+are the whole GPU and every placement, plus the static devices of instances
+others made; an instance of ours is the placement whose prepared record (the
+checkpoint's GI/CI IDs) holds it, so a scope that is neither ours nor
+another's (an instance being made, or already gone) counts as GPU-wide.
+Faults of an instance of ours go with its holder (:meth:`HealthBook.drop_scope`,
+:mod:`dra_driver.gpu.migholders`), since NVML reuses GI/CI IDs.
+
 Recovery, never on a guess: faults clear only when the GPU has answered every
 periodic check correctly, with NVML reporting no pending recovery action, for
 the whole healthy period. Where NVML cannot report the recovery action (old
@@ -37,17 +48,22 @@ from __future__ import annotations
 
 import datetime
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field, replace
 
 from dra_driver.gpu.healthpolicy import HealthPolicy, Severity
 from dra_driver.gpu.inventory import Gpu, Inventory
 from dra_driver.gpu.naming import gpu_device_name, mig_device_name
-from dra_driver.plugin.resources import DeviceTaint
+from dra_driver.gpu.partitions import InstanceKey, OwnedInstance, available, foreign_instances
+from dra_driver.plugin.backend import DeviceHealth
+from dra_driver.plugin.resources import DeviceTaint, Pool
 
 RECOVERY_ACTIONS = {1: "gpu-reset", 2: "node-reboot", 3: "drain-p2p", 4: "drain-and-reset",
                     5: "recover-imex-domain", 6: "bus-reset", 7: "system-reboot"}  # fmt: skip
 """NVML_GPU_RECOVERY_ACTION_* other than NONE, as taint values."""
+CLAIM_STATE_TAINT = "claim-state"
+"""Taint key (under the driver name) on every device while the checkpoint is unreadable."""
+_MESSAGE_LIMIT = 1024  # the kubelet truncates longer health messages
 
 
 Scope = tuple[int, int] | None
@@ -115,9 +131,17 @@ class HealthBook:
 
     def drop(self, uuid: str, kind: str) -> bool:
         """Remove faults of one kind that a state change itself resolves (``unmonitored``)."""
+        return self._drop(uuid, lambda key: key[0] == kind)
+
+    def drop_scope(self, uuid: str, scope: tuple[int, int]) -> bool:
+        """Remove the faults of one MIG instance that is gone (destroyed by dynamic MIG),
+        so that a new instance given the same IDs does not inherit them."""
+        return self._drop(uuid, lambda key: key[1] == scope)
+
+    def _drop(self, uuid: str, match: Callable[[tuple[str, Scope]], bool]) -> bool:
         with self._lock:
             state = self._gpus.get(uuid)
-            keys = [k for k in (state.faults if state else {}) if k[0] == kind]
+            keys = [k for k in (state.faults if state else {}) if match(k)]
             for k in keys:
                 del state.faults[k]  # type: ignore[union-attr]
             if keys:
@@ -178,28 +202,59 @@ def rfc3339(ts: float) -> str:
     return datetime.datetime.fromtimestamp(int(ts), datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _device_faults(gpu: Gpu, faults: tuple[Fault, ...]) -> dict[str, list[Fault]]:
-    """Device name -> faults that concern it (GPU-wide faults reach every MIG device)."""
+@dataclass(frozen=True)
+class DynamicMig:
+    """What dynamic MIG mode adds to mapping faults onto devices."""
+
+    owned: Collection[OwnedInstance] = ()
+    """GPU instances we created: partitions' own, not others' (published as static devices)."""
+    held: Mapping[InstanceKey, str] = field(default_factory=dict)
+    """MIG instance -> the device whose prepared record (checkpoint) holds it."""
+
+
+def _published(
+    gpu: Gpu, dynamic: DynamicMig | None
+) -> tuple[list[str], dict[tuple[int, int], str]]:
+    """The devices published for one GPU, and the instance scopes that one of them owns."""
     if not gpu.mig_enabled:
-        return {gpu_device_name(gpu): list(faults)}
-    out: dict[str, list[Fault]] = {}
-    instances = {(m.gi_id, m.ci_id) for m in gpu.mig_instances}
-    for mig in gpu.mig_instances:
-        out[mig_device_name(mig)] = [
-            f
-            for f in faults
-            if f.scope is None or f.scope == (mig.gi_id, mig.ci_id) or f.scope not in instances
-        ]
+        return [gpu_device_name(gpu)], {}
+    if dynamic is None:
+        scoped = {(m.gi_id, m.ci_id): mig_device_name(m) for m in gpu.mig_instances}
+        return list(scoped.values()), scoped
+    foreign = {(gi.gi_id, gi.placement.start) for gi in foreign_instances(gpu, dynamic.owned)}
+    scoped = {
+        (m.gi_id, m.ci_id): mig_device_name(m)
+        for m in gpu.mig_instances
+        if (m.gi_id, m.placement.start) in foreign
+    }
+    scoped |= {(gi, ci): name for (u, gi, ci), name in dynamic.held.items() if u == gpu.uuid}
+    names = [*scoped.values(), *(p.name for p in available(gpu, dynamic.owned).partitions)]
+    return list(dict.fromkeys(names)), scoped
+
+
+def _device_faults(
+    gpu: Gpu, faults: tuple[Fault, ...], dynamic: DynamicMig | None
+) -> dict[str, list[Fault]]:
+    """Device name -> faults that concern it (GPU-wide faults reach every device)."""
+    names, scoped = _published(gpu, dynamic)
+    out: dict[str, list[Fault]] = {name: [] for name in names}
+    for f in faults:
+        owner = scoped.get(f.scope) if f.scope is not None else None
+        for name in [owner] if owner is not None else names:
+            out[name].append(f)
     return out
 
 
-def device_faults(snapshot: HealthSnapshot, inventory: Inventory) -> dict[str, list[Fault]]:
-    """Device name -> its faults, for published devices that have any."""
+def device_faults(
+    snapshot: HealthSnapshot, inventory: Inventory, dynamic: DynamicMig | None = None
+) -> dict[str, list[Fault]]:
+    """Device name -> its faults, for published devices that have any (``dynamic``: the
+    node runs dynamic MIG; None: static)."""
     out: dict[str, list[Fault]] = {}
     for gpu in inventory.gpus:
         faults = snapshot.faults.get(gpu.uuid)
         if gpu.uuid and faults:
-            out |= {name: fs for name, fs in _device_faults(gpu, faults).items() if fs}
+            out |= {name: fs for name, fs in _device_faults(gpu, faults, dynamic).items() if fs}
     return out
 
 
@@ -221,3 +276,30 @@ def taints_for(
         )
         for kind, f in sorted(worst.items())
     )
+
+
+def claim_state_taint(driver_name: str) -> DeviceTaint:
+    """On every device while the checkpoint is unreadable: claims cannot be prepared here
+    until it is fixed, so the scheduler must send no more (README, "Claim state and recovery")."""
+    key = f"{driver_name}/{CLAIM_STATE_TAINT}"
+    return DeviceTaint(key=key, value="checkpoint-unreadable", effect="NoSchedule")
+
+
+def health_reports(
+    pool: Pool, faults: Mapping[str, list[Fault]], pool_name: str
+) -> list[DeviceHealth]:
+    """Read off the published pool: Unhealthy exactly when a device carries a
+    NoSchedule or NoExecute taint; the message lists every taint."""
+    out = []
+    for d in pool.devices:
+        bad = any(t.effect != "None" for t in d.taints)
+        notes = [f.message for f in faults.get(d.name, [])]
+        if any(t.key.endswith("/degraded") for t in d.taints):
+            notes.insert(0, "GPU degraded: an NVML query failed")
+        if any(t.key.endswith(f"/{CLAIM_STATE_TAINT}") for t in d.taints):
+            notes.insert(0, "claims cannot be prepared on this node: checkpoint unreadable")
+        message = "; ".join(notes)
+        if len(message) > _MESSAGE_LIMIT:
+            message = message[: _MESSAGE_LIMIT - 3] + "..."
+        out.append(DeviceHealth(pool_name, d.name, "Unhealthy" if bad else "Healthy", message))
+    return out

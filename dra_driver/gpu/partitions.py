@@ -50,6 +50,9 @@ MIG_MODES: tuple[MigMode, ...] = ("static", "dynamic")
 OwnedInstance = tuple[str, int, int]
 """``(parent GPU UUID, GI profile ID, placement start)`` of a GPU instance we created."""
 
+InstanceKey = tuple[str, int, int]
+"""``(parent GPU UUID, GI ID, CI ID)`` of one MIG instance, as NVML scopes its events."""
+
 _ENGINES = (
     ("multiprocessors", "multiprocessors"),
     ("copy-engines", "copy_engines"),

@@ -242,9 +242,13 @@ class ClaimPreparer(Unpreparer):
     def recorded_units(self) -> list[Unit]:
         """Every unit in the checkpoint, of every claim and state (what was made, or may
         have been: dynamic MIG tells its own GPU instances from others' by them)."""
+        return [u for units in self.recorded_claims().values() for u in units]
+
+    def recorded_claims(self) -> dict[str, list[Unit]]:
+        """Claim UID -> its recorded units (dynamic MIG: which claim holds an instance)."""
         with self._errors("read the checkpoint"), self._store.transaction() as loaded:
             self._handle_reboot(loaded)
-            return [u for e in loaded.checkpoint.claims.values() for u in e.units]
+            return {uid: list(e.units) for uid, e in loaded.checkpoint.claims.items()}
 
     def state_problem(self) -> str:
         """Why claims cannot be prepared or unprepared now ("" when they can), e.g. a

@@ -46,7 +46,7 @@ from dra_driver.gpu.cdi import ContainerEdits
 from dra_driver.gpu.config import ConfigError, DeviceConfig, SharingDecoder
 from dra_driver.gpu.inventory import Gpu, Inventory, MigInstance
 from dra_driver.gpu.miginstances import Created, MigInstances, MigRequest, mig_instance
-from dra_driver.gpu.partitions import MigPartition, OwnedInstance, catalog
+from dra_driver.gpu.partitions import InstanceKey, MigPartition, OwnedInstance, catalog
 from dra_driver.gpu.planning import Target
 from dra_driver.gpu.strategies.base import Steps, Unit
 
@@ -74,6 +74,19 @@ def owned_by(units: Sequence[Unit]) -> set[OwnedInstance]:
         if unit.strategy == NAME and "request" in unit.record:
             req = MigRequest.from_json(dict(unit.record["request"]))
             out.add((req.gpu_uuid, req.profile_id, req.start))
+    return out
+
+
+def held_by(claims: Mapping[str, Sequence[Unit]]) -> dict[InstanceKey, tuple[str, str]]:
+    """MIG instance -> (claim UID, device name) of the recorded unit that holds it: once
+    both its IDs are recorded, until its teardown removes the unit."""
+    out = {}
+    for uid, units in claims.items():
+        for unit in units:
+            r = unit.record
+            if unit.strategy == NAME and "giId" in r and "ciId" in r and unit.devices:
+                req = MigRequest.from_json(dict(r["request"]))
+                out[(req.gpu_uuid, int(r["giId"]), int(r["ciId"]))] = (uid, unit.devices[0])
     return out
 
 
