@@ -4,8 +4,10 @@ shipped RBAC (deploy/rbac, a Role in the plugin's namespace) and a Node-bound to
 The runner's calls (create a pinned pod, list this node's daemon pods, read one, delete
 them) are allowed and the API server accepts the pod as the runner builds it; what it
 does not need is denied: pods in another namespace, cluster-wide listing, patching a
-pod, exec into it, secrets. No kubelet backs the nodes: pods stay Pending, and a
-deleted pod keeps its object (terminating) until removed with grace 0 here.
+pod, exec into it, secrets. Which node and which pods it may create and delete is the
+admission policy's (test_mps_daemon_pod_policy.py). No kubelet backs the nodes: pods
+stay Pending, and a deleted pod keeps its object (terminating) until removed with
+grace 0 here.
 """
 
 from __future__ import annotations
