@@ -4,25 +4,20 @@ shipped RBAC (deploy/rbac, a Role in the plugin's namespace) and a Node-bound to
 The runner's calls (create a pinned pod, list this node's daemon pods, read one, delete
 them) are allowed and the API server accepts the pod as the runner builds it; what it
 does not need is denied: pods in another namespace, cluster-wide listing, patching a
-pod, exec into it, secrets. No kubelet backs the nodes: pods stay Pending, and a
-deleted pod keeps its object (terminating) until removed with grace 0 here.
+pod, exec into it, secrets. Which node and which pods it may create and delete is the
+admission policy's (test_mps_daemon_pod_policy.py). No kubelet backs the nodes: pods
+stay Pending, and a deleted pod keeps its object (terminating) until removed with
+grace 0 here.
 """
 
 from __future__ import annotations
 
-import logging
-from pathlib import Path
-
 import pytest
 
 from dra_driver.devcluster import Cluster
-from dra_driver.gpu.mpsrunners import DaemonSpec
-from dra_driver.mpspods import PodRunner
 from dra_driver.plugin.kubeclient import KubeApiError, KubeClient
-from dra_driver.plugin.nodepods import HostMount
-from tests.plugin.clusterkit import apply_rbac, node_bound_kubeconfig, sa_of, unique
-
-DRIVER = "gpu.nvidia.com"
+from tests.cluster.daemonpods import DRIVER, force_delete, runner, spec
+from tests.plugin.clusterkit import apply_rbac, node_bound_kubeconfig, unique
 
 
 @pytest.fixture(scope="module")
@@ -32,30 +27,6 @@ def plugin(cluster: Cluster) -> tuple[KubeClient, str]:
     return KubeClient.from_kubeconfig(str(node_bound_kubeconfig(cluster, node))), node["metadata"][
         "name"
     ]
-
-
-def runner(client: KubeClient, node: str) -> PodRunner:
-    namespace, _ = sa_of(DRIVER)
-    return PodRunner(
-        client=client, namespace=namespace, node_name=node, driver_name=DRIVER,
-        image="registry.example/dra-driver:0.1.0", mps_control=Path("/driver-root/usr/bin/m"),
-        library_path="/driver-root/usr/lib64", priority_class="system-node-critical",
-        mounts=[HostMount("/", "/driver-root", read_only=True)],
-        logger=logging.getLogger("test"),
-    )  # fmt: skip
-
-
-def spec(daemon_id: str) -> DaemonSpec:
-    base = Path(f"/var/lib/kubelet/plugins/{DRIVER}/mps/{daemon_id}")
-    return DaemonSpec(daemon_id=daemon_id, base=base, pipe_dir=base / "pipe",
-                      log_dir=base / "log", shm_dir=base / "shm",
-                      env={"CUDA_VISIBLE_DEVICES": "GPU-a"},
-                      setup=("set_default_active_thread_percentage 25",))  # fmt: skip
-
-
-def force_delete(cluster: Cluster, namespace: str, name: str) -> None:
-    options = {"kind": "DeleteOptions", "apiVersion": "v1", "gracePeriodSeconds": 0}
-    cluster.rest.request("DELETE", f"/api/v1/namespaces/{namespace}/pods/{name}", options)
 
 
 def test_the_runner_creates_lists_and_deletes_its_node_s_daemon_pods(
@@ -74,7 +45,7 @@ def test_the_runner_creates_lists_and_deletes_its_node_s_daemon_pods(
     assert pod["automountServiceAccountToken"] is False
     (container,) = pod["containers"]
     assert container["securityContext"]["privileged"] is True
-    assert "--setup=set_default_active_thread_percentage 25" in container["args"]
+    assert "--setup=set_default_active_thread_percentage 25;" in container["args"][6]
     paths = {v["hostPath"]["path"] for v in pod["volumes"]}
     assert paths == {"/", f"/var/lib/kubelet/plugins/{DRIVER}/mps/0123456789ab",
                      f"/var/lib/kubelet/plugins/{DRIVER}/mps/0123456789ab/shm"}  # fmt: skip

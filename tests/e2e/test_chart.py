@@ -195,11 +195,12 @@ def test_cdi_hook_values_reach_the_plugin_s_settings(helm: Path) -> None:
 def test_mps_daemon_values_reach_the_plugin_s_settings(helm: Path) -> None:
     """Default: daemon pods in the release namespace (downward API), from the plugin's own
     image with its priority class, the host's PID namespace (the plugin finds the daemons
-    in /proc) even without usage metrics, and a Role on pods. ``process``: none of it."""
+    in /proc) even without usage metrics, a Role on pods and the admission policy that
+    confines it. ``process``: none of it, and no rule on pods anywhere."""
     from dra_driver.cli import build_parser
     from dra_driver.settings import MpsDaemonsSettings, daemon_settings
 
-    def rendered(*args: str) -> tuple[Any, dict[str, Any], set[tuple[str, str]]]:
+    def rendered(*args: str) -> tuple[Any, dict[str, Any], set[tuple[str, str]], list[Any]]:
         objs = render(helm, "--set", "metrics.usageIntervalSeconds=0", *args)
         pod = daemonset(objs)["spec"]["template"]["spec"]
         (container,) = pod["containers"]
@@ -209,19 +210,28 @@ def test_mps_daemon_values_reach_the_plugin_s_settings(helm: Path) -> None:
         fields = {"spec.nodeName": "n", "metadata.uid": "u", "metadata.namespace": "gpu-ops"}
         parser = build_parser(environ={**env, **{k: fields[v] for k, v in refs.items()}})
         gpu = daemon_settings(parser.parse_args(container["args"])).gpu
-        return gpu, pod, {(o["kind"], o["metadata"]["name"]) for o in objs}
+        resources = [r for o in objs for rule in o.get("rules", []) for r in rule["resources"]]
+        return gpu, pod, {(o["kind"], o["metadata"]["name"]) for o in objs}, resources
 
-    gpu, pod, objs = rendered("--set", "image.repository=reg/dra", "--set", "image.tag=1.2")
+    pod_policy = {("ValidatingAdmissionPolicy", "dra-driver-mps-daemon-pods"),
+                  ("ValidatingAdmissionPolicyBinding", "dra-driver-mps-daemon-pods")}  # fmt: skip
+    gpu, pod, objs, resources = rendered(
+        "--set", "image.repository=reg/dra", "--set", "image.tag=1.2"
+    )
     assert gpu.mps_daemons == MpsDaemonsSettings(
         namespace="gpu-ops", image="reg/dra:1.2", priority_class="system-node-critical"
     )
     assert pod["hostPID"] is True
     assert ("Role", "dra-driver-mps-daemons") in objs
     assert ("RoleBinding", "dra-driver-mps-daemons") in objs
-    gpu, pod, objs = rendered("--set", "mpsDaemons=process")
+    assert pod_policy <= objs and "pods" in resources
+    # No rights on pods at all, and no policy for them, when the daemons are children.
+    gpu, pod, objs, resources = rendered("--set", "mpsDaemons=process")
     assert gpu.mps_daemons is None
     assert "hostPID" not in pod
     assert not {kind for kind, _ in objs} & {"Role", "RoleBinding"}
+    assert not pod_policy & objs
+    assert not [r for r in resources if r == "*" or r.startswith("pods")], resources
 
 
 def test_rolling_update_switch(helm: Path) -> None:
@@ -246,8 +256,10 @@ def test_optional_parts_can_be_left_out(helm: Path) -> None:
             "validatingAdmissionPolicy.enabled=false",
         )
     }
+    # The MPS daemon pod policy stays: it ships with the Role on pods it confines.
     assert kinds == {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "DaemonSet", "Role",
-                     "RoleBinding"}  # fmt: skip
+                     "RoleBinding", "ValidatingAdmissionPolicy",
+                     "ValidatingAdmissionPolicyBinding"}  # fmt: skip
 
 
 def test_api_server_accepts_every_rendered_object(cluster: Cluster, helm: Path) -> None:

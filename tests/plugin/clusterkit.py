@@ -55,27 +55,31 @@ def node_bound_kubeconfig(
     bound to a pod on that node: it carries the ``authentication.kubernetes.io/node-name``
     extra the ValidatingAdmissionPolicy checks."""
     name = node["metadata"]["name"]
+    bound = {"apiVersion": "v1", "kind": "Node", "name": name, "uid": node["metadata"]["uid"]}
+    return _token_kubeconfig(cluster, f"plugin-{name}", driver, bound)
+
+
+def plain_kubeconfig(cluster: Cluster, driver: str = SHIPPED_DRIVER) -> Path:
+    """The plugin's ServiceAccount token bound to no object (as a token Secret or a
+    stolen token's holder would use it): no node-name extra."""
+    return _token_kubeconfig(cluster, "plugin-unbound", driver, None)
+
+
+def _token_kubeconfig(
+    cluster: Cluster, file: str, driver: str, bound: dict[str, Any] | None
+) -> Path:
     namespace, account = sa_of(driver)
+    spec: dict[str, Any] = {"expirationSeconds": 3600}
+    if bound is not None:
+        spec["boundObjectRef"] = bound
     answer = cluster.rest.create(
         f"/api/v1/namespaces/{namespace}/serviceaccounts/{account}/token",
-        {
-            "apiVersion": "authentication.k8s.io/v1",
-            "kind": "TokenRequest",
-            "spec": {
-                "expirationSeconds": 3600,
-                "boundObjectRef": {
-                    "apiVersion": "v1",
-                    "kind": "Node",
-                    "name": name,
-                    "uid": node["metadata"]["uid"],
-                },
-            },
-        },
+        {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec},
     )
     directory = cluster.workdir / "kubeconfigs"
     directory.mkdir(exist_ok=True)
     return write_kubeconfig(
-        directory / f"plugin-{name}.kubeconfig",
+        directory / f"{file}.kubeconfig",
         server=cluster.server,
         ca_file=cluster.ca_file,
         user=f"system:serviceaccount:{namespace}:{account}",
