@@ -14,7 +14,7 @@
    out twice.
 3. Prepare/unprepare of one dynamic MIG claim through the claim pipeline, in-process,
    with the emulated NVML's MIG calls taking ``REALISTIC_CALL_DELAYS`` (estimates, see
-   ``dra_driver/gpu/emulation/profile.py``) and with no delays (our own overhead).
+   ``dra_driver/emulation/profile.py``) and with no delays (our own overhead).
 4. Process start of ``dra-driver kubelet-plugin --mig-mode dynamic`` on
    ``dgx-a100-mig-on`` to the complete 208-device pool in the API server.
 
@@ -42,8 +42,8 @@ MIX = {"1g.10gb": 20, "2g.20gb": 10, "3g.40gb": 10, "1g.20gb": 5, "4g.40gb": 5}
 
 
 def _inventory(profile: str) -> Any:
+    from dra_driver.emulation import EmulatedNode
     from dra_driver.gpu.discovery import discover
-    from dra_driver.gpu.emulation import EmulatedNode
 
     with tempfile.TemporaryDirectory() as root:
         node = EmulatedNode.create(profile, Path(root))
@@ -82,9 +82,9 @@ def bench_prepare(rounds: int, delays: str) -> dict[str, Any]:
     """Prepare then unprepare one dynamic MIG claim (a 1g.10gb, then a whole-GPU 7g),
     in-process through the claim pipeline, on an emulated dgx-a100-mig-on whose NVML
     MIG calls take ``delays`` (``realistic``: REALISTIC_CALL_DELAYS; ``none``)."""
+    from dra_driver.emulation import EmulatedNode
+    from dra_driver.emulation.profile import call_delays
     from dra_driver.gpu.discovery import discover
-    from dra_driver.gpu.emulation import EmulatedNode
-    from dra_driver.gpu.emulation.profile import call_delays
     from dra_driver.gpu.miginstances import MigInstances
     from dra_driver.gpu.preparing import ClaimPreparer
     from dra_driver.gpu.sharing import GpuTools

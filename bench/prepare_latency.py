@@ -33,10 +33,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from dra_driver.emulation import gputools
+from dra_driver.emulation.node import EmulatedNode
 from dra_driver.gpu.checkpoint import PREPARED, Checkpoint, ClaimEntry, DeviceRecord
 from dra_driver.gpu.discovery import discover
-from dra_driver.gpu.emulation import gputools
-from dra_driver.gpu.emulation.node import EmulatedNode
 from dra_driver.gpu.hostpaths import HostPaths, find_driver_root
 from dra_driver.gpu.preparing import ClaimPreparer
 from dra_driver.gpu.sharing import GpuTools

@@ -18,7 +18,7 @@ to the code that raises them::
     ├── ToolError                 gpu.sharing: nvidia-smi / MPS control failed
     ├── ConfigError               gpu.config: an opaque device config is invalid
     ├── DiscoveryError            gpu.discovery: NVML is unusable on this node
-    └── ProfileError              gpu.emulation: an emulation profile is invalid
+    └── ProfileError              emulation: an emulation profile is invalid
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from dra_driver.settings import HostSettings, host_settings
 
 if TYPE_CHECKING:
-    from dra_driver.gpu.emulation import EmulatedNode
+    from dra_driver.emulation import EmulatedNode
     from dra_driver.gpu.hostpaths import HostPaths
     from dra_driver.gpu.inventory import Inventory
 
@@ -69,7 +69,7 @@ def gpu_host(settings: HostSettings) -> Iterator[tuple[HostPaths, EmulatedNode |
             driver_root = settings.driver_root or find_driver_root(HostPaths(root=root))
             yield HostPaths(root=root, driver_root=driver_root or root), None
             return
-        from dra_driver.gpu.emulation import EmulatedNode
+        from dra_driver.emulation import EmulatedNode
 
         root = settings.host_root
         if root == Path("/"):  # never write an emulated tree over the real host
@@ -80,6 +80,21 @@ def gpu_host(settings: HostSettings) -> Iterator[tuple[HostPaths, EmulatedNode |
         if settings.driver_root is not None:
             host = HostPaths(root=host.root, driver_root=settings.driver_root)
         yield host, node
+
+
+def install_emulated_tools(node: EmulatedNode) -> None:
+    """Emulated nvidia-smi / MPS control in the emulated driver root, unless already there
+    (the daemon's call: this module is the one place outside tests that reaches the
+    emulator)."""
+    from dra_driver.emulation import gputools
+
+    bin_dir = node.bin_dir
+    record = node.host.root / "emulation" / "tools.jsonl"
+    smi = bin_dir / gputools.NVIDIA_SMI
+    if smi.exists() and "gputools" in smi.read_text(errors="replace"):
+        return
+    record.parent.mkdir(parents=True, exist_ok=True)
+    gputools.install(bin_dir, record)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -3,7 +3,7 @@
 ``nvidia-smi`` sets compute modes and time-slices; ``nvidia-cuda-mps-control``
 starts and commands MPS control daemons (:mod:`dra_driver.gpu.mpsdaemons`).
 Both come from the driver root on a GPU node, or are the emulated stand-ins
-(:mod:`dra_driver.gpu.emulation.gputools`) under emulation.
+(:mod:`dra_driver.emulation.gputools`) under emulation.
 """
 
 from __future__ import annotations

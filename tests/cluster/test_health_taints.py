@@ -28,10 +28,10 @@ from prometheus_client import CollectorRegistry
 
 from dra_driver.devcluster import Cluster, wait_until
 from dra_driver.devcluster.api import ApiError
+from dra_driver.emulation import EmulatedNode
 from dra_driver.gpu.devices import NumaAttributeForm
 from dra_driver.gpu.discovery import discover
 from dra_driver.gpu.driver import GpuDriver
-from dra_driver.gpu.emulation import EmulatedNode
 from dra_driver.gpu.healthpolicy import HealthPolicy
 from dra_driver.gpu.metrics import GpuMetrics
 from dra_driver.gpu.sharing import GpuTools

@@ -9,8 +9,8 @@ from pathlib import Path
 import pynvml
 import pytest
 
+from dra_driver.emulation import EmulatedNode
 from dra_driver.gpu.discovery import discover
-from dra_driver.gpu.emulation import EmulatedNode
 from dra_driver.gpu.inventory import Inventory
 
 LOG = logging.getLogger("tests.gpu")

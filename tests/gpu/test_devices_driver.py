@@ -10,10 +10,10 @@ from typing import Any
 import pynvml
 import pytest
 
+from dra_driver.emulation import EmulatedNode, gputools
+from dra_driver.emulation.hosttree import ci_cap_minor, gi_cap_minor
 from dra_driver.gpu.discovery import DiscoveryError, discover
 from dra_driver.gpu.driver import GpuDriver
-from dra_driver.gpu.emulation import EmulatedNode, gputools
-from dra_driver.gpu.emulation.hosttree import ci_cap_minor, gi_cap_minor
 from dra_driver.gpu.inventory import Inventory
 from dra_driver.gpu.sharing import GpuTools
 from dra_driver.plugin.claims import AllocatedDevice, Claim, ClaimRef

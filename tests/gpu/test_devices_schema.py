@@ -10,8 +10,8 @@ import pytest
 import yaml
 
 from dra_driver.commands.slices import resource_slices
+from dra_driver.emulation import BUILTIN_PROFILES
 from dra_driver.gpu.consumable import ConsumableGpus
-from dra_driver.gpu.emulation import BUILTIN_PROFILES
 
 VERSIONS = ("1.34", "1.37")
 DEVICECLASSES = Path(__file__).parents[2] / "deploy" / "deviceclasses"

@@ -12,9 +12,9 @@ from pathlib import Path
 import pynvml
 import pytest
 
+from dra_driver.emulation import EmulatedNode
 from dra_driver.gpu.discovery import discover
 from dra_driver.gpu.driver import GpuDriver
-from dra_driver.gpu.emulation import EmulatedNode
 from dra_driver.gpu.healthpolicy import HealthPolicy
 from dra_driver.gpu.sharing import GpuTools
 

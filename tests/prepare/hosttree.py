@@ -14,8 +14,8 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dra_driver.emulation import gputools
 from dra_driver.gpu.consumable import MpsSlots
-from dra_driver.gpu.emulation import gputools
 from dra_driver.gpu.hostpaths import HostPaths
 from dra_driver.gpu.inventory import Gpu, Inventory, MigInstance, MigPlacement, MigProfile, PciInfo
 from dra_driver.gpu.preparing import ClaimPreparer

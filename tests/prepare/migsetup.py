@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dra_driver.emulation.node import EmulatedNode
 from dra_driver.gpu.discovery import discover
-from dra_driver.gpu.emulation.node import EmulatedNode
 from dra_driver.gpu.inventory import Inventory
 from dra_driver.gpu.miginstances import MigInstances
 from dra_driver.gpu.preparing import ClaimPreparer

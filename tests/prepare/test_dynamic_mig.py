@@ -15,9 +15,9 @@ from pathlib import Path
 import pynvml
 import pytest
 
+from dra_driver.emulation.hosttree import ci_cap_minor, gi_cap_minor
 from dra_driver.gpu.discovery import discover
 from dra_driver.gpu.driver import GpuDriver
-from dra_driver.gpu.emulation.hosttree import ci_cap_minor, gi_cap_minor
 from dra_driver.gpu.partitions import whole_gpu_profile
 from dra_driver.gpu.sharing import GpuTools
 from dra_driver.plugin.claims import PrepareError

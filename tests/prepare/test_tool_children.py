@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from dra_driver.devcluster import wait_until
-from dra_driver.gpu.emulation.gputools import install, read_record
+from dra_driver.emulation.gputools import install, read_record
 
 UUID = "GPU-0c9f0000-0000-4000-8000-000000000001"
 

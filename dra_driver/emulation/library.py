@@ -22,12 +22,12 @@ with :meth:`apply` or read from the node's control file.
 
 from __future__ import annotations
 
-from dra_driver.gpu.emulation.nvmlcore import LibraryCore
-from dra_driver.gpu.emulation.nvmldevice import DeviceCalls
-from dra_driver.gpu.emulation.nvmlhealth import HealthCalls
-from dra_driver.gpu.emulation.nvmllink import LinkCalls
-from dra_driver.gpu.emulation.nvmlmig import MigCalls
-from dra_driver.gpu.emulation.nvmlusage import UsageCalls
+from dra_driver.emulation.nvmlcore import LibraryCore
+from dra_driver.emulation.nvmldevice import DeviceCalls
+from dra_driver.emulation.nvmlhealth import HealthCalls
+from dra_driver.emulation.nvmllink import LinkCalls
+from dra_driver.emulation.nvmlmig import MigCalls
+from dra_driver.emulation.nvmlusage import UsageCalls
 
 __all__ = ["EmulatedNvmlLibrary", "LibraryCore"]
 

@@ -7,10 +7,10 @@ file tree under a temporary root (:class:`HostPaths`). Profiles are built-in
 names (:data:`BUILTIN_PROFILES`) or YAML files; see ``profiles/``.
 """
 
-from dra_driver.gpu.emulation.hardware import EmulatedProfile, ProfileError
-from dra_driver.gpu.emulation.library import EmulatedNvmlLibrary
-from dra_driver.gpu.emulation.node import EmulatedNode
-from dra_driver.gpu.emulation.profile import BUILTIN_PROFILES, load_profile
+from dra_driver.emulation.hardware import EmulatedProfile, ProfileError
+from dra_driver.emulation.library import EmulatedNvmlLibrary
+from dra_driver.emulation.node import EmulatedNode
+from dra_driver.emulation.profile import BUILTIN_PROFILES, load_profile
 
 __all__ = [
     "BUILTIN_PROFILES",

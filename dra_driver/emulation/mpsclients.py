@@ -1,6 +1,6 @@
 """Emulated MPS limits as a CUDA client meets them: inherited defaults, tightened, never loosened.
 
-The emulated control daemon (:mod:`~dra_driver.gpu.emulation.gputools`) keeps one
+The emulated control daemon (:mod:`~dra_driver.emulation.gputools`) keeps one
 :class:`Daemon` and passes it every line that arrives on its ``control`` FIFO.
 It remembers the default limits the driver sets, as the real daemon does:
 

@@ -33,8 +33,8 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from dra_driver.gpu.emulation.elfstub import shared_object
-from dra_driver.gpu.emulation.hardware import EmulatedGpu, EmulatedProfile
+from dra_driver.emulation.elfstub import shared_object
+from dra_driver.emulation.hardware import EmulatedGpu, EmulatedProfile
 from dra_driver.gpu.hostpaths import HostPaths
 
 NVIDIA_MAJOR = 195

@@ -9,7 +9,7 @@ plugin under test, a restarted plugin, the test itself) reads the same
 instances. Without a file (a bare library in a unit test) they live in memory.
 
 Placement rules, as NVML applies them (NVIDIA's NVML API reference and the
-MIG user guide; the data and codes are in :mod:`~dra_driver.gpu.emulation.migrules`):
+MIG user guide; the data and codes are in :mod:`~dra_driver.emulation.migrules`):
 
 * a GI takes the memory slices ``[start, start + size)`` of one of its
   profile's possible placements; overlapping an existing GI, or exceeding the
@@ -44,9 +44,9 @@ import uuid as uuidlib
 from collections.abc import Iterator
 from pathlib import Path
 
-from dra_driver.gpu.emulation.hardware import EmulatedGpu, EmulatedMigProfile, EmulatedProfile
-from dra_driver.gpu.emulation.hosttree import remove_mig_caps, write_mig_caps
-from dra_driver.gpu.emulation.migrules import (
+from dra_driver.emulation.hardware import EmulatedGpu, EmulatedMigProfile, EmulatedProfile
+from dra_driver.emulation.hosttree import remove_mig_caps, write_mig_caps
+from dra_driver.emulation.migrules import (
     CI_SLICES_BY_PROFILE,
     ERROR_IN_USE,
     ERROR_INSUFFICIENT_RESOURCES,

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from dra_driver.gpu.emulation.nvmlcore import (
+from dra_driver.emulation.nvmlcore import (
     ERROR_INSUFFICIENT_SIZE,
     ERROR_NOT_FOUND,
     ERROR_NOT_SUPPORTED,
@@ -22,7 +22,7 @@ from dra_driver.gpu.emulation.nvmlcore import (
     as_int,
     deref,
 )
-from dra_driver.gpu.emulation.runtime import NO_INSTANCE, EmulatedProcess
+from dra_driver.emulation.runtime import NO_INSTANCE, EmulatedProcess
 
 
 class UsageCalls(LibraryCore):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dra_driver.gpu.emulation.nvmlcore import (
+from dra_driver.emulation.nvmlcore import (
     ARCH_CODES,
     BRAND_CODES,
     ERROR_ARGUMENT_VERSION_MISMATCH,

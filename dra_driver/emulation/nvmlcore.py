@@ -16,15 +16,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from dra_driver.gpu.emulation.hardware import EmulatedGpu, EmulatedProfile
-from dra_driver.gpu.emulation.migrules import (
+from dra_driver.emulation.hardware import EmulatedGpu, EmulatedProfile
+from dra_driver.emulation.migrules import (
     ERROR_IN_USE,
     ERROR_INSUFFICIENT_RESOURCES,
     GpuInstance,
     MigDevice,
 )
-from dra_driver.gpu.emulation.migstate import MigState
-from dra_driver.gpu.emulation.runtime import (
+from dra_driver.emulation.migstate import MigState
+from dra_driver.emulation.runtime import (
     EVENT_DOUBLE_BIT_ECC,
     EVENT_RECOVERY_ACTION,
     EVENT_XID_CRITICAL,

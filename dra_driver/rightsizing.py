@@ -22,8 +22,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from dra_driver.gpu.emulation.hardware import EmulatedMigProfile
-from dra_driver.gpu.emulation.profile import load_models
+from dra_driver.emulation.hardware import EmulatedMigProfile
+from dra_driver.emulation.profile import load_models
 
 GIB = 2**30
 _FULL_SLICES = 7

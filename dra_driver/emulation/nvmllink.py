@@ -12,8 +12,8 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from dra_driver.gpu.emulation.hardware import EmulatedGpu
-from dra_driver.gpu.emulation.nvmlcore import (
+from dra_driver.emulation.hardware import EmulatedGpu
+from dra_driver.emulation.nvmlcore import (
     ERROR_ARGUMENT_VERSION_MISMATCH,
     ERROR_INVALID_ARGUMENT,
     ERROR_NOT_SUPPORTED,

@@ -23,18 +23,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dra_driver.gpu.emulation.hardware import EmulatedProfile
-from dra_driver.gpu.emulation.hosttree import (
+from dra_driver.emulation.hardware import EmulatedProfile
+from dra_driver.emulation.hosttree import (
     LAYOUTS,
     remove_gpu_files,
     write_host_tree,
     write_process_cgroup,
 )
-from dra_driver.gpu.emulation.library import EmulatedNvmlLibrary
-from dra_driver.gpu.emulation.migstate import STATE_FILE as MIG_STATE_FILE
-from dra_driver.gpu.emulation.migstate import MigState
-from dra_driver.gpu.emulation.profile import load_profile
-from dra_driver.gpu.emulation.runtime import CONTROL_FILE, RECOVERY_ACTIONS, append_op, check_op
+from dra_driver.emulation.library import EmulatedNvmlLibrary
+from dra_driver.emulation.migstate import STATE_FILE as MIG_STATE_FILE
+from dra_driver.emulation.migstate import MigState
+from dra_driver.emulation.profile import load_profile
+from dra_driver.emulation.runtime import CONTROL_FILE, RECOVERY_ACTIONS, append_op, check_op
 from dra_driver.gpu.hostpaths import HostPaths
 
 PROFILE_FILE = Path("emulation/profile.yaml")

@@ -25,7 +25,7 @@ Compute modes: ``nvidia-smi -i <uuid> -c <mode>`` keeps the mode in
 
 MPS limits and clients: the daemon remembers its default limits and serves an
 emulation-only client protocol through the same ``control`` FIFO, so a shell in
-a container can act as a CUDA client (:mod:`~dra_driver.gpu.emulation.mpsclients`).
+a container can act as a CUDA client (:mod:`~dra_driver.emulation.mpsclients`).
 
 Faults: if ``<record>.fail`` exists, any invocation whose space-joined argv
 contains one of its lines exits 1 with a message, like a failing tool.
@@ -53,7 +53,7 @@ COMPUTE_MODES = ("DEFAULT", "EXCLUSIVE_PROCESS", "PROHIBITED", "0", "2", "3")
 _MODE_NAMES = {"0": "DEFAULT", "2": "PROHIBITED", "3": "EXCLUSIVE_PROCESS"}
 
 _WRAPPER = """#!{python}
-# Emulated {tool}: written by dra_driver.gpu.emulation.gputools.install
+# Emulated {tool}: written by dra_driver.emulation.gputools.install
 import importlib.util, sys
 spec = importlib.util.spec_from_file_location("gputools", {module!r})
 tools = importlib.util.module_from_spec(spec)

@@ -10,14 +10,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from dra_driver.gpu.emulation.hardware import EmulatedGpu
-from dra_driver.gpu.emulation.migrules import (
+from dra_driver.emulation.hardware import EmulatedGpu
+from dra_driver.emulation.migrules import (
     CI_SLICES_BY_PROFILE,
     ERROR_IN_USE,
     MigRuleError,
     ci_profiles_for,
 )
-from dra_driver.gpu.emulation.nvmlcore import (
+from dra_driver.emulation.nvmlcore import (
     CI_PROFILE_INFO_V2,
     ERROR_ARGUMENT_VERSION_MISMATCH,
     ERROR_INSUFFICIENT_SIZE,

@@ -2,7 +2,7 @@
 
 What a GPU instance (GI) and compute instance (CI) are in the emulation, the IDs
 NVML gives them and the error codes its rules produce (``nvml.h``); kept apart
-from :mod:`~dra_driver.gpu.emulation.migstate`, which keeps the instances in a
+from :mod:`~dra_driver.emulation.migstate`, which keeps the instances in a
 shared state file and applies the rules.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from dra_driver.gpu.emulation.hardware import EmulatedGpu, EmulatedMigProfile, EmulatedProfile
+from dra_driver.emulation.hardware import EmulatedGpu, EmulatedMigProfile, EmulatedProfile
 
 # NVML return codes the rules produce (nvml.h).
 ERROR_INVALID_ARGUMENT = 2

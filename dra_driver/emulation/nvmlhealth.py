@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from dra_driver.gpu.emulation.nvmlcore import (
+from dra_driver.emulation.nvmlcore import (
     ERROR_GPU_IS_LOST,
     ERROR_INVALID_ARGUMENT,
     ERROR_NOT_SUPPORTED,
@@ -29,7 +29,7 @@ from dra_driver.gpu.emulation.nvmlcore import (
     handle_value,
     store_handle,
 )
-from dra_driver.gpu.emulation.runtime import SUPPORTED_EVENTS, EventSet
+from dra_driver.emulation.runtime import SUPPORTED_EVENTS, EventSet
 
 FI_DEV_GET_GPU_RECOVERY_ACTION = 230
 """``NVML_FI_DEV_GET_GPU_RECOVERY_ACTION`` field ID."""

@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from dra_driver.gpu.emulation.hardware import (
+from dra_driver.emulation.hardware import (
     ARCHITECTURES,
     BRANDS,
     DRIVER_LAYOUTS,
@@ -248,7 +248,7 @@ def call_delays(value: Any, where: str = "callDelays") -> dict[str, float]:
 
 
 def _builtin_text(name: str) -> str:
-    return resources.files("dra_driver.gpu.emulation").joinpath("profiles", name).read_text()
+    return resources.files("dra_driver.emulation").joinpath("profiles", name).read_text()
 
 
 def load_models(extra: dict[str, Any] | None = None) -> dict[str, EmulatedModel]:
