@@ -41,11 +41,12 @@ from pathlib import Path
 from dra_driver.gpu import cdi
 from dra_driver.gpu.cdi import CdiError, ContainerEdits, DeviceNode, Mount
 from dra_driver.gpu.cdihook import TOOLKIT_HOOK, driver_hooks
+from dra_driver.gpu.checkpoint import Unit
 from dra_driver.gpu.files import read_whole
 from dra_driver.gpu.hostpaths import BIN_DIRS, LIB_DIRS, HostPaths
 from dra_driver.gpu.inventory import Gpu, Inventory, MigInstance
-from dra_driver.gpu.planning import Target
-from dra_driver.gpu.strategies.base import Materializes, SharingStrategy, Unit
+from dra_driver.gpu.planning import SharingStrategy, Target
+from dra_driver.gpu.strategies.base import Materializes
 
 BINARIES = (
     "nvidia-smi",

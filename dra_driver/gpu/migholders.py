@@ -21,9 +21,9 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import TypeVar
 
 from dra_driver.errors import DriverError
+from dra_driver.gpu.checkpoint import Unit
 from dra_driver.gpu.health import DynamicMig, HealthBook
 from dra_driver.gpu.partitions import InstanceKey, OwnedInstance
-from dra_driver.gpu.strategies.base import Unit
 from dra_driver.gpu.strategies.dynamicmig import held_by
 
 _A = TypeVar("_A")

@@ -46,6 +46,7 @@ from dra_driver.gpu.checkpoint import (
     ClaimEntry,
     DeviceRecord,
     SharedEntry,
+    Unit,
 )
 from dra_driver.gpu.consumable import MpsSlots
 from dra_driver.gpu.files import NodeLocks
@@ -57,9 +58,10 @@ from dra_driver.gpu.mpsrunners import DaemonRunner
 from dra_driver.gpu.naming import devices_by_name
 from dra_driver.gpu.planning import (
     ClaimPlan,
+    SharedResources,
+    SharingStrategy,
     Strategies,
     allocation_key,
-    check_conflicts,
     locks_of,
     plan_claim,
 )
@@ -69,12 +71,8 @@ from dra_driver.gpu.statefile import (
     Loaded,
     MoreLocks,
     UnitSteps,
+    check_conflicts,
     describe,
-)
-from dra_driver.gpu.strategies.base import (
-    SharedResources,
-    SharingStrategy,
-    Unit,
 )
 from dra_driver.gpu.strategies.builtin import builtin
 from dra_driver.gpu.unpreparing import Unpreparer

@@ -22,11 +22,11 @@ from typing import Any
 import pytest
 
 from dra_driver.gpu.cdi import ContainerEdits
+from dra_driver.gpu.checkpoint import Unit
 from dra_driver.gpu.config import DeviceConfig, SharingDecoder
 from dra_driver.gpu.mpsdaemons import MpsDaemons
-from dra_driver.gpu.planning import Strategies, Target, gpu_name_of
+from dra_driver.gpu.planning import Steps, Strategies, Target, gpu_name_of
 from dra_driver.gpu.sharing import GpuCommands
-from dra_driver.gpu.strategies.base import Steps, Unit
 from dra_driver.gpu.strategies.builtin import builtin
 from dra_driver.gpu.strategies.mpsshares import MpsSharesStrategy
 from dra_driver.gpu.strategies.timeslicedshares import TimeSlicedSharesStrategy

@@ -1,5 +1,12 @@
 """The seam for ways of preparing a GPU: one small protocol per sharing strategy.
 
+Where its parts live (so imports only go down): :class:`Unit` in
+:mod:`dra_driver.gpu.checkpoint`, which records it; :class:`SharingStrategy`,
+:class:`Steps` and the optional abilities :class:`ClaimCheck`,
+:class:`DeviceCatalog` and :class:`SharedResources` in :mod:`dra_driver.gpu.planning`,
+which asks them; here the contract below, :class:`NodeTools` (what the built-in
+strategies are built from) and :class:`Materializes` (asked by the CDI spec).
+
 A claim's devices are resolved against the inventory into
 :class:`~dra_driver.gpu.planning.Target`\\ s.
 For every target (admin-access targets excepted: they only get device nodes),
@@ -48,19 +55,17 @@ releases it when the last claim using it is gone.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-from dra_driver.gpu.cdi import ContainerEdits
-from dra_driver.gpu.config import DeviceConfig, SharingDecoder
+from dra_driver.gpu.checkpoint import Unit
 from dra_driver.gpu.consumable import MpsSlots
 from dra_driver.gpu.inventory import Gpu, Inventory, MigInstance
-from dra_driver.gpu.partitions import MigPartition
+from dra_driver.gpu.planning import Target
 
 if TYPE_CHECKING:
     from dra_driver.gpu.mpsdaemons import MpsDaemons
-    from dra_driver.gpu.planning import Target
     from dra_driver.gpu.sharing import GpuCommands
 
 
@@ -75,113 +80,6 @@ class NodeTools:
     driver version)."""
     slots: MpsSlots = field(default_factory=MpsSlots)
     """GPUs split into MPS slots (``--mps-slots``)."""
-
-
-@dataclass(frozen=True)
-class Unit:
-    """What one strategy does for some devices of one claim; JSON in the checkpoint."""
-
-    strategy: str
-    """Name of the strategy that planned it (selects the strategy for undo)."""
-    devices: tuple[str, ...]
-    """Names of the claim's devices whose CDI edits it changes."""
-    gpus: tuple[str, ...] = ()
-    """UUIDs of GPUs whose settings it changes; two units never change one GPU."""
-    record: Mapping[str, Any] = field(default_factory=dict)
-    """Everything :meth:`SharingStrategy.undo` needs, JSON-serialisable."""
-    shared: tuple[str, ...] = ()
-    """Keys of per-node shared resources it uses (:class:`SharedResources`), each
-    ``<GPU name>/<what>``, e.g. ``gpu-3/mps``, the GPU one of the claim's (it is locked)."""
-
-
-class Steps(Protocol):
-    """What a strategy reports to the pipeline while it acts."""
-
-    def done(self, name: str) -> None:
-        """One side effect took place (crash tests kill the process here)."""
-        ...
-
-    def record(self, record: Mapping[str, Any]) -> None:
-        """Replace the unit's record in the checkpoint now (e.g. a hardware-assigned ID
-        undo will need), before the next step can fail."""
-        ...
-
-
-class SharingStrategy(Protocol):
-    """One way of preparing devices; see the module docstring for the contract."""
-
-    @property
-    def name(self) -> str:
-        """Stable: stored in the checkpoint, and the ``sharing.strategy`` value if
-        :attr:`config` is set."""
-        ...
-
-    @property
-    def config(self) -> SharingDecoder | None:
-        """Its settings decoder; None when no opaque config selects this strategy."""
-        ...
-
-    def wants(self, target: Target, config: DeviceConfig) -> bool:
-        """Whether this strategy acts on ``target`` given its effective config."""
-        ...
-
-    def plan(self, claim_uid: str, targets: Sequence[Target], config: DeviceConfig) -> list[Unit]:
-        """Units for ``targets`` (all wanted, all with ``config``); pure, raises
-        ``ConfigError`` for settings that do not fit these devices."""
-        ...
-
-    def apply(self, unit: Unit, steps: Steps) -> None: ...
-
-    def undo(self, unit: Unit, steps: Steps) -> None:
-        """Idempotent; raises when a step did not take effect."""
-        ...
-
-    def edits(self, unit: Unit, device: str, edits: ContainerEdits) -> ContainerEdits:
-        """``device``'s container edits with this unit's additions (after :meth:`apply`)."""
-        ...
-
-    def forget(self, claim_uid: str) -> None:
-        """Remove what this strategy may have left for a claim the checkpoint does not know."""
-        ...
-
-    def after_reboot(self) -> None:
-        """Remove every file this strategy keeps; state from the previous boot is gone."""
-        ...
-
-
-@runtime_checkable
-class SharedResources(Protocol):
-    """Optional ability: per-node resources shared by several claims' units."""
-
-    def acquire(self, key: str, steps: Steps) -> Mapping[str, Any]:
-        """Create the resource (the pipeline has recorded the key); returns its record."""
-        ...
-
-    def release(self, key: str, record: Mapping[str, Any], steps: Steps) -> None:
-        """Idempotent undo of :meth:`acquire`, from the record (possibly empty: the
-        process died before acquire returned)."""
-        ...
-
-
-@runtime_checkable
-class ClaimCheck(Protocol):
-    """Optional ability: a rule over all of a claim's targets a strategy wants, whatever
-    config each came with (:meth:`SharingStrategy.plan` sees one config's targets)."""
-
-    def check_claim(self, targets: Sequence[Target]) -> None:
-        """Raises ``ConfigError`` when the claim cannot be prepared as a whole."""
-        ...
-
-
-@runtime_checkable
-class DeviceCatalog(Protocol):
-    """Optional ability: devices that do not exist yet but may be allocated (partitions
-    a strategy creates at prepare), by published name. They take precedence over the
-    inventory's devices of the same name."""
-
-    def devices(self, inventory: Inventory, recorded: Sequence[Unit]) -> Mapping[str, MigPartition]:
-        """``recorded``: this strategy's units in the checkpoint (what it made so far)."""
-        ...
 
 
 @runtime_checkable

@@ -18,9 +18,9 @@ from dra_driver.gpu.consumable import MpsSlots
 from dra_driver.gpu.inventory import Inventory
 from dra_driver.gpu.miginstances import MigInstances
 from dra_driver.gpu.mpsdaemons import MpsDaemons
-from dra_driver.gpu.planning import Strategies
+from dra_driver.gpu.planning import SharingStrategy, Strategies
 from dra_driver.gpu.sharing import GpuCommands
-from dra_driver.gpu.strategies.base import NodeTools, SharingStrategy
+from dra_driver.gpu.strategies.base import NodeTools
 from dra_driver.gpu.strategies.dynamicmig import DynamicMigStrategy
 from dra_driver.gpu.strategies.mps import MpsStrategy
 from dra_driver.gpu.strategies.mpsshares import MpsSharesStrategy

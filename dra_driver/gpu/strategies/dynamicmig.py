@@ -43,12 +43,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from dra_driver.gpu.cdi import ContainerEdits
+from dra_driver.gpu.checkpoint import Unit
 from dra_driver.gpu.config import ConfigError, DeviceConfig, SharingDecoder
 from dra_driver.gpu.inventory import Gpu, Inventory, MigInstance
 from dra_driver.gpu.miginstances import Created, MigInstances, MigRequest, mig_instance
 from dra_driver.gpu.partitions import InstanceKey, MigPartition, OwnedInstance, catalog
-from dra_driver.gpu.planning import Target
-from dra_driver.gpu.strategies.base import Steps, Unit
+from dra_driver.gpu.planning import Steps, Target
 
 NAME = "DynamicMIG"
 

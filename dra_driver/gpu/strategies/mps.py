@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from dra_driver.gpu.cdi import ContainerEdits
+from dra_driver.gpu.checkpoint import Unit
 from dra_driver.gpu.config import (
     GPU_CONFIG,
     MIB,
@@ -37,10 +38,10 @@ from dra_driver.gpu.config import (
 )
 from dra_driver.gpu.inventory import Gpu, MigInstance
 from dra_driver.gpu.mpsdaemons import MpsDaemons, mps_id, recorded_id
-from dra_driver.gpu.planning import Target
+from dra_driver.gpu.planning import Steps, Target
 from dra_driver.gpu.shares import is_fractional
 from dra_driver.gpu.sharing import GpuCommands
-from dra_driver.gpu.strategies.base import NodeTools, Steps, Unit
+from dra_driver.gpu.strategies.base import NodeTools
 
 NAME = "MPS"
 

@@ -45,11 +45,12 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from dra_driver.gpu.cdi import ContainerEdits
+from dra_driver.gpu.checkpoint import Unit
 from dra_driver.gpu.config import MIB, ConfigError, DeviceConfig
 from dra_driver.gpu.inventory import Gpu, Inventory
 from dra_driver.gpu.mpsdaemons import MpsDaemons, mps_id, recorded_id
 from dra_driver.gpu.naming import devices_by_name
-from dra_driver.gpu.planning import Target, gpu_name_of
+from dra_driver.gpu.planning import Steps, Target, gpu_name_of
 from dra_driver.gpu.shares import (
     ENFORCING_DRIVER,
     Share,
@@ -60,7 +61,7 @@ from dra_driver.gpu.shares import (
 )
 from dra_driver.gpu.sharing import GpuCommands, ToolError
 from dra_driver.gpu.slots import slot_target
-from dra_driver.gpu.strategies.base import NodeTools, Steps, Unit
+from dra_driver.gpu.strategies.base import NodeTools
 from dra_driver.gpu.strategies.mps import NAME as MPS
 from dra_driver.gpu.strategies.mps import Mps
 

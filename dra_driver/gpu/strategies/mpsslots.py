@@ -46,15 +46,16 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from dra_driver.gpu.cdi import ContainerEdits
+from dra_driver.gpu.checkpoint import Unit
 from dra_driver.gpu.config import ConfigError, DeviceConfig
 from dra_driver.gpu.inventory import Gpu, Inventory
 from dra_driver.gpu.mpsdaemons import MIB, MpsDaemons, mps_id, recorded_id
 from dra_driver.gpu.naming import devices_by_name
-from dra_driver.gpu.planning import Target, gpu_name_of
+from dra_driver.gpu.planning import Steps, Target, gpu_name_of
 from dra_driver.gpu.shares import ShareError, can_enforce, share_of
 from dra_driver.gpu.sharing import GpuCommands, ToolError
 from dra_driver.gpu.slots import Slot, slot_of, slot_target
-from dra_driver.gpu.strategies.base import NodeTools, Steps, Unit
+from dra_driver.gpu.strategies.base import NodeTools
 from dra_driver.gpu.strategies.mps import NAME as MPS
 from dra_driver.gpu.strategies.mps import Mps
 from dra_driver.gpu.strategies.mpsshares import SHARED

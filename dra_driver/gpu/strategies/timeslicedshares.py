@@ -22,14 +22,15 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from dra_driver.gpu.cdi import ContainerEdits
+from dra_driver.gpu.checkpoint import Unit
 from dra_driver.gpu.config import ConfigError, DeviceConfig
 from dra_driver.gpu.inventory import Gpu, Inventory
 from dra_driver.gpu.naming import devices_by_name
-from dra_driver.gpu.planning import Target, gpu_name_of
+from dra_driver.gpu.planning import Steps, Target, gpu_name_of
 from dra_driver.gpu.shares import ShareError, is_fractional, share_of
 from dra_driver.gpu.sharing import GpuCommands, ToolError
 from dra_driver.gpu.slots import slot_target
-from dra_driver.gpu.strategies.base import NodeTools, Steps, Unit
+from dra_driver.gpu.strategies.base import NodeTools
 from dra_driver.gpu.strategies.mpsshares import SHARED
 from dra_driver.gpu.strategies.timeslicing import NAME as TIME_SLICING
 from dra_driver.gpu.strategies.timeslicing import TimeSlicing

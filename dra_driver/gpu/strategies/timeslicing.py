@@ -18,11 +18,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from dra_driver.gpu.cdi import ContainerEdits
+from dra_driver.gpu.checkpoint import Unit
 from dra_driver.gpu.config import GPU_CONFIG, DeviceConfig, enum, obj
-from dra_driver.gpu.planning import Target
+from dra_driver.gpu.planning import Steps, Target
 from dra_driver.gpu.shares import is_fractional
 from dra_driver.gpu.sharing import GpuCommands
-from dra_driver.gpu.strategies.base import NodeTools, Steps, Unit
+from dra_driver.gpu.strategies.base import NodeTools
 
 NAME = "TimeSlicing"
 INTERVALS = {"Default": 0, "Short": 1, "Medium": 2, "Long": 3}
