@@ -43,7 +43,7 @@ MIX = {"1g.10gb": 20, "2g.20gb": 10, "3g.40gb": 10, "1g.20gb": 5, "4g.40gb": 5}
 
 def _inventory(profile: str) -> Any:
     from dra_driver.emulation import EmulatedNode
-    from dra_driver.gpu.discovery import discover
+    from dra_driver.gpu.hardware.discovery import discover
 
     with tempfile.TemporaryDirectory() as root:
         node = EmulatedNode.create(profile, Path(root))
@@ -84,10 +84,10 @@ def bench_prepare(rounds: int, delays: str) -> dict[str, Any]:
     MIG calls take ``delays`` (``realistic``: REALISTIC_CALL_DELAYS; ``none``)."""
     from dra_driver.emulation import EmulatedNode
     from dra_driver.emulation.profile import call_delays
-    from dra_driver.gpu.discovery import discover
-    from dra_driver.gpu.miginstances import MigInstances
+    from dra_driver.gpu.hardware.discovery import discover
     from dra_driver.gpu.preparing import ClaimPreparer
-    from dra_driver.gpu.sharing import GpuTools
+    from dra_driver.gpu.sharing.miginstances import MigInstances
+    from dra_driver.gpu.sharing.tools import GpuTools
     from dra_driver.plugin.claims import AllocatedDevice, Claim, ClaimRef
 
     log = logging.getLogger("bench")
@@ -219,7 +219,7 @@ def _allocate(
 def bench_scheduler(rounds: int) -> dict[str, Any]:
     from dra_driver.commands.slices import resource_slices
     from dra_driver.devcluster import Cluster, find_binaries
-    from dra_driver.gpu.partitions import partitions_by_name
+    from dra_driver.gpu.hardware.partitions import partitions_by_name
     from tests.cluster.test_allocation import apply_deviceclasses
 
     dynamic_inv, plain_inv = _inventory("dgx-a100-mig-on"), _inventory("dgx-a100")

@@ -46,10 +46,10 @@ if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
     from dra_driver.gpu.driver import GpuDriver
-    from dra_driver.gpu.hostpaths import HostPaths
-    from dra_driver.gpu.inventory import Inventory
-    from dra_driver.gpu.mpsrunners import DaemonRunner
-    from dra_driver.gpu.sharing import GpuTools
+    from dra_driver.gpu.hardware.inventory import Inventory
+    from dra_driver.gpu.host.hostpaths import HostPaths
+    from dra_driver.gpu.sharing.mpsrunners import DaemonRunner
+    from dra_driver.gpu.sharing.tools import GpuTools
     from dra_driver.plugin.app import KubeletPlugin
     from dra_driver.plugin.kubeclient import KubeClient
 
@@ -241,13 +241,13 @@ def _gpu_driver(
     import dataclasses
 
     from dra_driver.commands.discover import gpu_host, install_emulated_tools
-    from dra_driver.gpu.cdihook import HookPlacement
-    from dra_driver.gpu.discovery import discover
+    from dra_driver.gpu.cdi.hooks import HookPlacement
     from dra_driver.gpu.driver import GpuDriver
-    from dra_driver.gpu.hostpaths import HostPaths
-    from dra_driver.gpu.metrics import GpuMetrics
-    from dra_driver.gpu.nvml import Nvml
-    from dra_driver.gpu.sharing import GpuTools
+    from dra_driver.gpu.hardware.discovery import discover
+    from dra_driver.gpu.hardware.nvml import Nvml
+    from dra_driver.gpu.host.hostpaths import HostPaths
+    from dra_driver.gpu.monitoring.metrics import GpuMetrics
+    from dra_driver.gpu.sharing.tools import GpuTools
 
     host, node = stack.enter_context(gpu_host(settings.host))
     gpu = settings.gpu

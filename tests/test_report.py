@@ -19,8 +19,8 @@ from prometheus_client import CollectorRegistry
 
 from dra_driver.commands.report import parse_exposition, windows, write_recorded
 from dra_driver.emulation import EmulatedNode
-from dra_driver.gpu.nvml import Nvml
-from dra_driver.gpu.usage import UsageCollector, UsageSampler, UsageTarget
+from dra_driver.gpu.hardware.nvml import Nvml
+from dra_driver.gpu.monitoring.usage import UsageCollector, UsageSampler, UsageTarget
 from dra_driver.plugin.metrics import exposition
 from dra_driver.rightsizing import DeviceWindow, analyse
 

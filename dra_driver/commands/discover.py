@@ -23,8 +23,8 @@ from dra_driver.settings import HostSettings, host_settings
 
 if TYPE_CHECKING:
     from dra_driver.emulation import EmulatedNode
-    from dra_driver.gpu.hostpaths import HostPaths
-    from dra_driver.gpu.inventory import Inventory
+    from dra_driver.gpu.hardware.inventory import Inventory
+    from dra_driver.gpu.host.hostpaths import HostPaths
 
 
 logger = logging.getLogger(__name__)
@@ -61,7 +61,7 @@ def add_host_arguments(parser: argparse.ArgumentParser) -> None:
 @contextmanager
 def gpu_host(settings: HostSettings) -> Iterator[tuple[HostPaths, EmulatedNode | None]]:
     """Host paths with NVML usable: real, or an emulated node installed into pynvml."""
-    from dra_driver.gpu.hostpaths import HostPaths, find_driver_root
+    from dra_driver.gpu.host.hostpaths import HostPaths, find_driver_root
 
     with ExitStack() as stack:
         if settings.emulate is None:
@@ -172,7 +172,7 @@ def render_table(inventory: Inventory) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from dra_driver.gpu.discovery import discover
+    from dra_driver.gpu.hardware.discovery import discover
 
     try:
         with gpu_host(host_settings(args)) as (host, _node):

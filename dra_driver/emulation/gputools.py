@@ -229,7 +229,7 @@ def _daemon_loop(record: Path, control: Path, log_dir: Path, ready_w: int | None
     signal.signal(signal.SIGTERM, stop)
     fd = os.open(control, os.O_RDWR)  # RDWR: never sees EOF when a client closes
     # Shows which /dev/shm the daemon uses: the claim's tmpfs when started through
-    # dra_driver.gpu.mpslaunch (tests look for it there and inside the container).
+    # dra_driver.gpu.sharing.mpslaunch (tests look for it there and inside the container).
     marker = Path("/dev/shm") / f"nvidia-mps-emulated.{os.getpid()}"
     marker.write_text(str(pipe_dir) + "\n")
     _append(

@@ -35,7 +35,7 @@ from pathlib import Path
 
 from dra_driver.emulation.elfstub import shared_object
 from dra_driver.emulation.hardware import EmulatedGpu, EmulatedProfile
-from dra_driver.gpu.hostpaths import HostPaths
+from dra_driver.gpu.host.hostpaths import HostPaths
 
 NVIDIA_MAJOR = 195
 UVM_MAJOR = 510

@@ -61,7 +61,7 @@ from dra_driver.emulation.migrules import (
     gi_json,
     initial_instances,
 )
-from dra_driver.gpu.hostpaths import HostPaths
+from dra_driver.gpu.host.hostpaths import HostPaths
 
 STATE_FILE = Path("emulation/mig-state.json")
 

@@ -35,7 +35,7 @@ from dra_driver.emulation.migstate import STATE_FILE as MIG_STATE_FILE
 from dra_driver.emulation.migstate import MigState
 from dra_driver.emulation.profile import load_profile
 from dra_driver.emulation.runtime import CONTROL_FILE, RECOVERY_ACTIONS, append_op, check_op
-from dra_driver.gpu.hostpaths import HostPaths
+from dra_driver.gpu.host.hostpaths import HostPaths
 
 PROFILE_FILE = Path("emulation/profile.yaml")
 """Copy of the profile YAML inside the emulated root, for emulated tools run as subprocesses."""

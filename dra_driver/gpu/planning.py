@@ -2,7 +2,7 @@
 
 A claim's devices are resolved against the inventory into :class:`Target`\\ s, each
 gets its effective opaque config (:func:`resolve`), and the :class:`Strategies` a
-config selects plan their units (:mod:`dra_driver.gpu.strategies.base`). A device no
+config selects plan their units (:mod:`dra_driver.gpu.sharing.strategies.base`). A device no
 strategy wants is used as it is: nothing is changed on the GPU (its compute mode and
 time-slice stay what the admin set), the claim's CDI spec alone grants it, and the
 scheduler never gives a device without ``allowMultipleAllocations`` to two claims.
@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from dra_driver.gpu import cdi
+from dra_driver.gpu.cdi import spec as cdi
 from dra_driver.gpu.checkpoint import ClaimEntry, DeviceRecord, Unit
 from dra_driver.gpu.config import (
     GPU_CONFIG,
@@ -30,9 +30,9 @@ from dra_driver.gpu.config import (
     SharingDecoder,
     decode,
 )
-from dra_driver.gpu.inventory import Gpu, Inventory, MigInstance
-from dra_driver.gpu.naming import devices_by_name
-from dra_driver.gpu.partitions import MigPartition
+from dra_driver.gpu.hardware.inventory import Gpu, Inventory, MigInstance
+from dra_driver.gpu.hardware.naming import devices_by_name
+from dra_driver.gpu.hardware.partitions import MigPartition
 from dra_driver.plugin.claims import Claim, PrepareError
 
 _GPU_PREFIX = re.compile(r"^(gpu-[0-9]+)(?:-|$)")
@@ -90,7 +90,7 @@ class Steps(Protocol):
 
 class SharingStrategy(Protocol):
     """One way of preparing devices; the contract is in
-    :mod:`dra_driver.gpu.strategies.base`."""
+    :mod:`dra_driver.gpu.sharing.strategies.base`."""
 
     @property
     def name(self) -> str:

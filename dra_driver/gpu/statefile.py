@@ -10,7 +10,7 @@ only while the file is read, changed in memory and written; never while a GPU
 tool runs.
 
 Writes go to ``checkpoint.json.spare``, which then takes the file's place in
-one step (:func:`~dra_driver.gpu.files.write_via_spare`, mode 0600; the spare
+one step (:func:`~dra_driver.gpu.host.files.write_via_spare`, mode 0600; the spare
 keeps the previous content and is overwritten by the next write, under the
 lock): a reader, or a process killed mid-write, sees the old or the new file,
 never a mix. The JSON is compact; ``jq . checkpoint.json`` shows it to people.
@@ -26,7 +26,7 @@ same way instead of being reported corrupt.
 
 Corrupt file written in this boot: :class:`CheckpointCorruptError`; nothing
 overwrites it, because it is the only record of what must be undone. Recovery
-(README, "Claim state and recovery"): stop the plugin, move the file aside,
+(docs/claim-state.md): stop the plugin, move the file aside,
 start the plugin.
 """
 
@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dra_driver.errors import DriverError
-from dra_driver.gpu import cdi
+from dra_driver.gpu.cdi import spec as cdi
 from dra_driver.gpu.checkpoint import (
     UNPREPARING,
     VERSION,
@@ -57,7 +57,7 @@ from dra_driver.gpu.checkpoint import (
     decode,
     migrate_v1,
 )
-from dra_driver.gpu.files import (
+from dra_driver.gpu.host.files import (
     CdiError,
     LockTimeout,
     NodeLocks,
@@ -69,8 +69,8 @@ from dra_driver.gpu.planning import SharingStrategy
 from dra_driver.plugin.claims import PrepareError
 
 if TYPE_CHECKING:
-    from dra_driver.gpu.mpsdaemons import MpsDaemons
     from dra_driver.gpu.planning import Strategies
+    from dra_driver.gpu.sharing.mpsdaemons import MpsDaemons
 
 FILE_NAME = "checkpoint.json"
 SPARE_NAME = "checkpoint.json.spare"

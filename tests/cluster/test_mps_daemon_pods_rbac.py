@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from dra_driver.devcluster import Cluster
-from dra_driver.gpu.mpsrunners import DaemonSpec
+from dra_driver.gpu.sharing.mpsrunners import DaemonSpec
 from dra_driver.mpspods import PodRunner
 from dra_driver.plugin.kubeclient import KubeApiError, KubeClient
 from dra_driver.plugin.nodepods import HostMount

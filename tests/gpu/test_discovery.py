@@ -15,8 +15,8 @@ import pynvml
 import pytest
 
 from dra_driver.emulation.hosttree import ci_cap_minor, gi_cap_minor
-from dra_driver.gpu.discovery import DiscoveryError, discover
-from dra_driver.gpu.hostpaths import HostPaths
+from dra_driver.gpu.hardware.discovery import DiscoveryError, discover
+from dra_driver.gpu.host.hostpaths import HostPaths
 
 GiB, MiB = 2**30, 2**20
 

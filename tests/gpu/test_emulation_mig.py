@@ -17,8 +17,8 @@ from dra_driver.emulation import EmulatedNode
 from dra_driver.emulation.hardware import REALISTIC_CALL_DELAYS, ProfileError
 from dra_driver.emulation.hosttree import ci_cap_minor, gi_cap_minor
 from dra_driver.emulation.profile import call_delays
-from dra_driver.gpu.discovery import discover
-from dra_driver.gpu.nvml import Nvml, NvmlError
+from dra_driver.gpu.hardware.discovery import discover
+from dra_driver.gpu.hardware.nvml import Nvml, NvmlError
 
 A100_PROFILES = {"1g.10gb": 19, "1g.10gb+me": 20, "1g.20gb": 15, "2g.20gb": 14, "3g.40gb": 9,
                  "4g.40gb": 5, "7g.80gb": 0}  # fmt: skip

@@ -8,12 +8,12 @@ from pathlib import Path
 
 from dra_driver.emulation import gputools
 from dra_driver.emulation.node import EmulatedNode
-from dra_driver.gpu.cdihook import TOOLKIT_HOOK
-from dra_driver.gpu.discovery import discover
-from dra_driver.gpu.inventory import Inventory
-from dra_driver.gpu.naming import devices_by_name
+from dra_driver.gpu.cdi.hooks import TOOLKIT_HOOK
+from dra_driver.gpu.hardware.discovery import discover
+from dra_driver.gpu.hardware.inventory import Inventory
+from dra_driver.gpu.hardware.naming import devices_by_name
 from dra_driver.gpu.preparing import ClaimPreparer
-from dra_driver.gpu.sharing import GpuTools
+from dra_driver.gpu.sharing.tools import GpuTools
 from tests.prepare.hosttree import state_dir_for
 
 PROFILES_DIR = Path(__file__).parents[2] / "dra_driver" / "emulation" / "profiles"

@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 
 from dra_driver.devcluster import wait_until
-from dra_driver.gpu.mpsdaemons import MIB, MpsDaemons
 from dra_driver.gpu.preparing import ClaimPreparer
-from dra_driver.gpu.sharing import GpuCommands, ToolError
+from dra_driver.gpu.sharing.mpsdaemons import MIB, MpsDaemons
+from dra_driver.gpu.sharing.tools import GpuCommands, ToolError
 from dra_driver.mpspods import PodRunner
 from dra_driver.plugin.claims import PrepareError
 from tests.mpspods_kubelet import PodKubelet
