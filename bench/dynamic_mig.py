@@ -14,7 +14,7 @@
    out twice.
 3. Prepare/unprepare of one dynamic MIG claim through the claim pipeline, in-process,
    with the emulated NVML's MIG calls taking ``REALISTIC_CALL_DELAYS`` (estimates, see
-   ``dra_driver/gpu/emulation/profile.py``) and with no delays (our own overhead).
+   ``dra_driver/emulation/profile.py``) and with no delays (our own overhead).
 4. Process start of ``dra-driver kubelet-plugin --mig-mode dynamic`` on
    ``dgx-a100-mig-on`` to the complete 208-device pool in the API server.
 
@@ -42,8 +42,8 @@ MIX = {"1g.10gb": 20, "2g.20gb": 10, "3g.40gb": 10, "1g.20gb": 5, "4g.40gb": 5}
 
 
 def _inventory(profile: str) -> Any:
-    from dra_driver.gpu.discovery import discover
-    from dra_driver.gpu.emulation import EmulatedNode
+    from dra_driver.emulation import EmulatedNode
+    from dra_driver.gpu.hardware.discovery import discover
 
     with tempfile.TemporaryDirectory() as root:
         node = EmulatedNode.create(profile, Path(root))
@@ -82,12 +82,12 @@ def bench_prepare(rounds: int, delays: str) -> dict[str, Any]:
     """Prepare then unprepare one dynamic MIG claim (a 1g.10gb, then a whole-GPU 7g),
     in-process through the claim pipeline, on an emulated dgx-a100-mig-on whose NVML
     MIG calls take ``delays`` (``realistic``: REALISTIC_CALL_DELAYS; ``none``)."""
-    from dra_driver.gpu.discovery import discover
-    from dra_driver.gpu.emulation import EmulatedNode
-    from dra_driver.gpu.emulation.profile import call_delays
-    from dra_driver.gpu.miginstances import MigInstances
+    from dra_driver.emulation import EmulatedNode
+    from dra_driver.emulation.profile import call_delays
+    from dra_driver.gpu.hardware.discovery import discover
     from dra_driver.gpu.preparing import ClaimPreparer
-    from dra_driver.gpu.sharing import GpuTools
+    from dra_driver.gpu.sharing.miginstances import MigInstances
+    from dra_driver.gpu.sharing.tools import GpuTools
     from dra_driver.plugin.claims import AllocatedDevice, Claim, ClaimRef
 
     log = logging.getLogger("bench")
@@ -219,7 +219,7 @@ def _allocate(
 def bench_scheduler(rounds: int) -> dict[str, Any]:
     from dra_driver.commands.slices import resource_slices
     from dra_driver.devcluster import Cluster, find_binaries
-    from dra_driver.gpu.partitions import partitions_by_name
+    from dra_driver.gpu.hardware.partitions import partitions_by_name
     from tests.cluster.test_allocation import apply_deviceclasses
 
     dynamic_inv, plain_inv = _inventory("dgx-a100-mig-on"), _inventory("dgx-a100")

@@ -56,7 +56,7 @@ def main() -> int:
     import grpc
 
     from dra_driver.devcluster import Cluster, find_binaries, wait_until
-    from dra_driver.gpu.emulation import EmulatedNode
+    from dra_driver.emulation import EmulatedNode
     from dra_driver.plugin._proto import health_v1_pb2, health_v1_pb2_grpc
     from dra_driver.plugin.kubeclient import KubeClient, KubeError
     from tests.plugin.clusterkit import apply_rbac, node_bound_kubeconfig

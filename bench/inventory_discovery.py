@@ -51,8 +51,8 @@ def _pct(values: list[float], q: float) -> float:
 
 
 def bench_discovery(rounds: int) -> dict[str, Any]:
-    from dra_driver.gpu.discovery import discover
-    from dra_driver.gpu.emulation import EmulatedNode
+    from dra_driver.emulation import EmulatedNode
+    from dra_driver.gpu.hardware.discovery import discover
 
     log = logging.getLogger("bench")
     log.setLevel(logging.WARNING)

@@ -37,7 +37,6 @@ import threading
 import time
 from collections.abc import Mapping
 from contextlib import ExitStack
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dra_driver.errors import DriverError
@@ -47,10 +46,10 @@ if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
     from dra_driver.gpu.driver import GpuDriver
-    from dra_driver.gpu.hostpaths import HostPaths
-    from dra_driver.gpu.inventory import Inventory
-    from dra_driver.gpu.mpsrunners import DaemonRunner
-    from dra_driver.gpu.sharing import GpuTools
+    from dra_driver.gpu.hardware.inventory import Inventory
+    from dra_driver.gpu.host.hostpaths import HostPaths
+    from dra_driver.gpu.sharing.mpsrunners import DaemonRunner
+    from dra_driver.gpu.sharing.tools import GpuTools
     from dra_driver.plugin.app import KubeletPlugin
     from dra_driver.plugin.kubeclient import KubeClient
 
@@ -241,14 +240,14 @@ def _gpu_driver(
     metrics go into ``registry``."""
     import dataclasses
 
-    from dra_driver.commands.discover import gpu_host
-    from dra_driver.gpu.cdihook import HookPlacement
-    from dra_driver.gpu.discovery import discover
+    from dra_driver.commands.discover import gpu_host, install_emulated_tools
+    from dra_driver.gpu.cdi.hooks import HookPlacement
     from dra_driver.gpu.driver import GpuDriver
-    from dra_driver.gpu.hostpaths import HostPaths
-    from dra_driver.gpu.metrics import GpuMetrics
-    from dra_driver.gpu.nvml import Nvml
-    from dra_driver.gpu.sharing import GpuTools
+    from dra_driver.gpu.hardware.discovery import discover
+    from dra_driver.gpu.hardware.nvml import Nvml
+    from dra_driver.gpu.host.hostpaths import HostPaths
+    from dra_driver.gpu.monitoring.metrics import GpuMetrics
+    from dra_driver.gpu.sharing.tools import GpuTools
 
     host, node = stack.enter_context(gpu_host(settings.host))
     gpu = settings.gpu
@@ -259,7 +258,7 @@ def _gpu_driver(
         mps_control=gpu.mps_control or tools.mps_control,
     )
     if node is not None:
-        _install_emulated_tools(node.bin_dir, node.host.root / "emulation" / "tools.jsonl")
+        install_emulated_tools(node)
 
     gpu_metrics = GpuMetrics(registry)
 
@@ -348,14 +347,3 @@ def _trim_heap() -> None:
 
 class DaemonError(DriverError):
     """The daemon cannot start."""
-
-
-def _install_emulated_tools(bin_dir: Path, record: Path) -> None:
-    """Emulated nvidia-smi / MPS control in the emulated driver root, unless already there."""
-    from dra_driver.gpu.emulation import gputools
-
-    smi = bin_dir / gputools.NVIDIA_SMI
-    if smi.exists() and "gputools" in smi.read_text(errors="replace"):
-        return
-    record.parent.mkdir(parents=True, exist_ok=True)
-    gputools.install(bin_dir, record)

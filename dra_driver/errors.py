@@ -13,12 +13,12 @@ to the code that raises them::
     ├── SocketError               plugin.sockets: a socket path is unusable
     ├── CheckpointError           gpu.checkpoint: the state file cannot be locked, read, written
     │   └── CheckpointCorruptError                the file exists but cannot be trusted
-    ├── CdiError                  gpu.cdi: a CDI spec is invalid or cannot be written
-    ├── HookError                 gpu.cdihook: the node cannot run the CDI hook
-    ├── ToolError                 gpu.sharing: nvidia-smi / MPS control failed
+    ├── CdiError                  gpu.cdi.spec: a CDI spec is invalid or cannot be written
+    ├── HookError                 gpu.cdi.hooks: the node cannot run the CDI hook
+    ├── ToolError                 gpu.sharing.tools: nvidia-smi / MPS control failed
     ├── ConfigError               gpu.config: an opaque device config is invalid
-    ├── DiscoveryError            gpu.discovery: NVML is unusable on this node
-    └── ProfileError              gpu.emulation: an emulation profile is invalid
+    ├── DiscoveryError            gpu.hardware.discovery: NVML is unusable on this node
+    └── ProfileError              emulation: an emulation profile is invalid
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """MPS control daemons as pods (``--mps-daemons pod``): the
-:class:`~dra_driver.gpu.mpsrunners.DaemonRunner` the daemon's composition root gives
+:class:`~dra_driver.gpu.sharing.mpsrunners.DaemonRunner` the daemon's composition root gives
 the GPU layer, which never imports this (nor Kubernetes).
 
 Why pods: the kubelet, not the plugin's container, owns a daemon's lifetime. When the
@@ -33,8 +33,8 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-from dra_driver.gpu.mpsrunners import DaemonSpec, daemon_pids
-from dra_driver.gpu.sharing import ToolError
+from dra_driver.gpu.sharing.mpsrunners import DaemonSpec, daemon_pids
+from dra_driver.gpu.sharing.tools import ToolError
 from dra_driver.plugin.kubeclient import KubeClient, KubeError, Obj
 from dra_driver.plugin.nodepods import HostMount, NodePod, NodePods, describe
 

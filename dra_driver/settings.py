@@ -21,10 +21,10 @@ from dra_driver.envflags import env_name
 from dra_driver.errors import DriverError
 
 if TYPE_CHECKING:
-    from dra_driver.gpu.consumable import ConsumableGpus, MpsSlots
-    from dra_driver.gpu.devices import NumaAttributeForm
-    from dra_driver.gpu.healthpolicy import HealthPolicy
-    from dra_driver.gpu.partitions import MigMode
+    from dra_driver.gpu.hardware.consumable import ConsumableGpus, MpsSlots
+    from dra_driver.gpu.hardware.devices import NumaAttributeForm
+    from dra_driver.gpu.hardware.partitions import MigMode
+    from dra_driver.gpu.monitoring.healthpolicy import HealthPolicy
     from dra_driver.plugin.settings import PluginSettings
 
 _LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"

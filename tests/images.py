@@ -24,7 +24,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from dra_driver.gpu.emulation.elfstub import shared_object
+from dra_driver.emulation.elfstub import shared_object
 
 PROBE_SOURCE = Path(__file__).parent / "data" / "cudaprobe.c"
 PROBE = "/usr/local/bin/cudaprobe"

@@ -170,7 +170,7 @@ def cpu_seconds(pid: int) -> float:
 
 
 def test_an_idle_plugin_with_a_corrupt_checkpoint_is_quiet(start_daemon: Any) -> None:
-    """It waits for an administrator (README "Claim state and recovery"), so it must not
+    """It waits for an administrator (docs/claim-state.md), so it must not
     spin: its loops retry with a growing delay and say the failure once. Measured over
     5 s of an idle plugin: CPU time and log growth (before: a whole core and ~4 MB of
     tracebacks a second from the claim book's loop)."""

@@ -18,11 +18,11 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from dra_driver.commands.report import parse_exposition, windows, write_recorded
-from dra_driver.gpu.emulation import EmulatedNode
-from dra_driver.gpu.nvml import Nvml
-from dra_driver.gpu.rightsizing import DeviceWindow, analyse
-from dra_driver.gpu.usage import UsageCollector, UsageSampler, UsageTarget
+from dra_driver.emulation import EmulatedNode
+from dra_driver.gpu.hardware.nvml import Nvml
+from dra_driver.gpu.monitoring.usage import UsageCollector, UsageSampler, UsageTarget
 from dra_driver.plugin.metrics import exposition
+from dra_driver.rightsizing import DeviceWindow, analyse
 
 GIB = 2**30
 A100 = "NVIDIA A100-SXM4-80GB"

@@ -1,4 +1,5 @@
-"""Read the DRA objects of a live cluster (tooling only; the daemon has its own client).
+"""Read the DRA objects of a live cluster (tooling only; the daemon reads through
+:mod:`dra_driver.plugin.kubeclient`).
 
 Uses the ``kubernetes`` package's kubeconfig loader, so contexts, exec
 credential plugins and in-cluster config work as kubectl users expect; bodies

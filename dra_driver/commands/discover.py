@@ -22,9 +22,9 @@ from typing import TYPE_CHECKING, Any
 from dra_driver.settings import HostSettings, host_settings
 
 if TYPE_CHECKING:
-    from dra_driver.gpu.emulation import EmulatedNode
-    from dra_driver.gpu.hostpaths import HostPaths
-    from dra_driver.gpu.inventory import Inventory
+    from dra_driver.emulation import EmulatedNode
+    from dra_driver.gpu.hardware.inventory import Inventory
+    from dra_driver.gpu.host.hostpaths import HostPaths
 
 
 logger = logging.getLogger(__name__)
@@ -61,7 +61,7 @@ def add_host_arguments(parser: argparse.ArgumentParser) -> None:
 @contextmanager
 def gpu_host(settings: HostSettings) -> Iterator[tuple[HostPaths, EmulatedNode | None]]:
     """Host paths with NVML usable: real, or an emulated node installed into pynvml."""
-    from dra_driver.gpu.hostpaths import HostPaths, find_driver_root
+    from dra_driver.gpu.host.hostpaths import HostPaths, find_driver_root
 
     with ExitStack() as stack:
         if settings.emulate is None:
@@ -69,7 +69,7 @@ def gpu_host(settings: HostSettings) -> Iterator[tuple[HostPaths, EmulatedNode |
             driver_root = settings.driver_root or find_driver_root(HostPaths(root=root))
             yield HostPaths(root=root, driver_root=driver_root or root), None
             return
-        from dra_driver.gpu.emulation import EmulatedNode
+        from dra_driver.emulation import EmulatedNode
 
         root = settings.host_root
         if root == Path("/"):  # never write an emulated tree over the real host
@@ -80,6 +80,21 @@ def gpu_host(settings: HostSettings) -> Iterator[tuple[HostPaths, EmulatedNode |
         if settings.driver_root is not None:
             host = HostPaths(root=host.root, driver_root=settings.driver_root)
         yield host, node
+
+
+def install_emulated_tools(node: EmulatedNode) -> None:
+    """Emulated nvidia-smi / MPS control in the emulated driver root, unless already there
+    (the daemon's call: this module is the one place outside tests that reaches the
+    emulator)."""
+    from dra_driver.emulation import gputools
+
+    bin_dir = node.bin_dir
+    record = node.host.root / "emulation" / "tools.jsonl"
+    smi = bin_dir / gputools.NVIDIA_SMI
+    if smi.exists() and "gputools" in smi.read_text(errors="replace"):
+        return
+    record.parent.mkdir(parents=True, exist_ok=True)
+    gputools.install(bin_dir, record)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -157,7 +172,7 @@ def render_table(inventory: Inventory) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from dra_driver.gpu.discovery import discover
+    from dra_driver.gpu.hardware.discovery import discover
 
     try:
         with gpu_host(host_settings(args)) as (host, _node):

@@ -11,7 +11,7 @@ daemon to exit (SIGKILL after ``--stop-timeout``) and exits 0.
 
 A control pipe left by a daemon that was killed (no process of this pipe dir lives) is
 removed first, or the new daemon would take it for a running one. Imports only the
-standard library and :mod:`dra_driver.gpu.mpsrunners` (no NVML, no Kubernetes).
+standard library and :mod:`dra_driver.gpu.sharing.mpsrunners` (no NVML, no Kubernetes).
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ class _Stop:
 
 def run(args: argparse.Namespace) -> int:
     from dra_driver.errors import DriverError
-    from dra_driver.gpu.mpsrunners import daemon_pids
+    from dra_driver.gpu.sharing.mpsrunners import daemon_pids
 
     pipe: Path = args.pipe_dir
     env = {

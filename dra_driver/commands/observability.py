@@ -1,6 +1,6 @@
 """Flags of the kubelet plugin for health, metrics, usage and claim status (each with its
 ``DRA_*`` variable, :mod:`dra_driver.envflags`), and what they turn into: the health
-policy (:mod:`dra_driver.gpu.healthpolicy`, which imports none of the rest of the GPU
+policy (:mod:`dra_driver.gpu.monitoring.healthpolicy`, which imports none of the rest of the GPU
 layer: the daemon loads that only after its sockets are served).
 
 Kept apart from the command's other flags so the daemon's composition root stays short.
@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 
 from dra_driver import envflags
-from dra_driver.gpu.healthpolicy import DEFAULT_IGNORED_XIDS, HealthPolicy
+from dra_driver.gpu.monitoring.healthpolicy import DEFAULT_IGNORED_XIDS, HealthPolicy
 
 _DEFAULT_IGNORED = ",".join(map(str, sorted(DEFAULT_IGNORED_XIDS)))
 

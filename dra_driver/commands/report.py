@@ -10,7 +10,7 @@ window, from one of:
 - ``--recorded FILE``: a window recorded earlier with ``--record``.
 
 Prints a table (default) or JSON; the analysis is
-:func:`dra_driver.gpu.rightsizing.analyse`.
+:func:`dra_driver.rightsizing.analyse`.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from dra_driver.gpu.rightsizing import DeviceWindow, Finding
+    from dra_driver.rightsizing import DeviceWindow, Finding
 
 
 METRICS = (
@@ -145,7 +145,7 @@ def write_recorded(path: Path, records: Iterable[Record]) -> None:
 
 def windows(records: Iterable[Record]) -> list[DeviceWindow]:
     """Group samples per (namespace, claim, pod, device), in time order."""
-    from dra_driver.gpu.rightsizing import DeviceWindow
+    from dra_driver.rightsizing import DeviceWindow
 
     series: dict[tuple[str, str, str, str], dict[str, Any]] = {}
     for _ts, metric, labels, value in sorted(records, key=lambda r: r[0]):
@@ -208,7 +208,7 @@ def table(findings: list[Finding]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from dra_driver.gpu.rightsizing import analyse
+    from dra_driver.rightsizing import analyse
 
     try:
         if args.prometheus:

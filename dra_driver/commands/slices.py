@@ -1,6 +1,6 @@
 """``dra-driver slices``: the exact ResourceSlices the kubelet plugin would publish.
 
-Discovery (real or ``--emulate``) -> :func:`dra_driver.gpu.devices.build_pool`
+Discovery (real or ``--emulate``) -> :func:`dra_driver.gpu.hardware.devices.build_pool`
 -> the plugin layer's own validation, splitting and conversion
 (:mod:`dra_driver.plugin.slices`), so the output is byte-for-byte what the
 publisher sends, except ``ownerReferences``, which needs the Node's UID
@@ -19,10 +19,10 @@ from dra_driver.commands.discover import add_host_arguments, gpu_host
 from dra_driver.settings import host_settings
 
 if TYPE_CHECKING:
-    from dra_driver.gpu.consumable import ConsumableGpus, MpsSlots
-    from dra_driver.gpu.devices import NumaAttributeForm
-    from dra_driver.gpu.inventory import Inventory
-    from dra_driver.gpu.partitions import MigMode
+    from dra_driver.gpu.hardware.consumable import ConsumableGpus, MpsSlots
+    from dra_driver.gpu.hardware.devices import NumaAttributeForm
+    from dra_driver.gpu.hardware.inventory import Inventory
+    from dra_driver.gpu.hardware.partitions import MigMode
 
 
 logger = logging.getLogger(__name__)
@@ -82,7 +82,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def consumable_gpus(text: str) -> ConsumableGpus:
     """argparse type of ``--consumable-gpus``."""
-    from dra_driver.gpu.consumable import ConsumableGpus
+    from dra_driver.gpu.hardware.consumable import ConsumableGpus
 
     try:
         return ConsumableGpus.parse(text)
@@ -92,7 +92,7 @@ def consumable_gpus(text: str) -> ConsumableGpus:
 
 def mps_slots(text: str) -> MpsSlots:
     """argparse type of ``--mps-slots``."""
-    from dra_driver.gpu.consumable import MpsSlots
+    from dra_driver.gpu.hardware.consumable import MpsSlots
 
     try:
         return MpsSlots.parse(text)
@@ -114,9 +114,9 @@ def resource_slices(
     slots: MpsSlots | None = None,
 ) -> list[dict[str, Any]]:
     """The ResourceSlice objects for ``inventory``; raises SliceValidationError if invalid."""
-    from dra_driver.gpu.consumable import ConsumableGpus, MpsSlots
-    from dra_driver.gpu.devices import build_pool
-    from dra_driver.gpu.slots import fractional_pool
+    from dra_driver.gpu.hardware.consumable import ConsumableGpus, MpsSlots
+    from dra_driver.gpu.hardware.devices import build_pool
+    from dra_driver.gpu.sharing.slots import fractional_pool
     from dra_driver.plugin.slices import slice_object, split_pool, validate_names, validate_pool
 
     validate_names(driver_name, node_name)
@@ -149,7 +149,7 @@ def resource_slices(
 
 
 def run(args: argparse.Namespace) -> int:
-    from dra_driver.gpu.discovery import discover
+    from dra_driver.gpu.hardware.discovery import discover
     from dra_driver.plugin.slices import SliceValidationError
 
     try:

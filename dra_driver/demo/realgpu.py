@@ -41,7 +41,7 @@ from dra_driver.devcluster import Cluster, wait_until
 from dra_driver.devcluster.api import ApiError, JsonObject
 from dra_driver.devcluster.node import RealNode
 from dra_driver.devcluster.processes import terminate
-from dra_driver.gpu.emulation.hosttree import DRIVER_ROOT
+from dra_driver.emulation.hosttree import DRIVER_ROOT
 
 POD_DRIVER_ROOT = "/driver-root"
 DONE_MARKER = "--done--"

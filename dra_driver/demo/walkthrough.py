@@ -30,7 +30,7 @@ from dra_driver.demo.stack import RESOURCE_API, install_driver_objects, load_exa
 from dra_driver.devcluster import Cluster, find_binaries, wait_until
 from dra_driver.devcluster.binaries import find_node_binaries
 from dra_driver.devcluster.node import NodeImage, RealNode, RealNodeOptions
-from dra_driver.gpu.mpsdaemons import MPS_LONGEST_SOCKET
+from dra_driver.gpu.sharing.mpsdaemons import MPS_LONGEST_SOCKET
 
 Print = Callable[[str], None]
 

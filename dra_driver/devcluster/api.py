@@ -2,8 +2,9 @@
 
 Tooling (the dev cluster, the demo, the tests) talks to the API server through
 the well-kept ``kubernetes`` library (its transport, TLS, credentials and
-kubeconfig loading); the daemon has its own small client
-(:mod:`dra_driver.plugin.kubeclient`, see docs/footprint.md). This module only
+kubeconfig loading), as the daemon does through its own facade of the eight calls
+it makes (:mod:`dra_driver.plugin.kubeclient`, imported once its sockets serve, see
+docs/footprint.md). This module only
 adds what setting up clusters and reading raw answers needs on top of
 ``kubernetes.client.ApiClient``: JSON in and out by REST path, server-side
 apply of plain dicts (kinds resolved through discovery), merge patches, and an

@@ -38,14 +38,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from dra_driver.gpu import cdi
-from dra_driver.gpu.cdi import CdiError, ContainerEdits, DeviceNode, Mount
-from dra_driver.gpu.cdihook import TOOLKIT_HOOK, driver_hooks
-from dra_driver.gpu.files import read_whole
-from dra_driver.gpu.hostpaths import BIN_DIRS, LIB_DIRS, HostPaths
-from dra_driver.gpu.inventory import Gpu, Inventory, MigInstance
-from dra_driver.gpu.planning import Target
-from dra_driver.gpu.strategies.base import Materializes, SharingStrategy, Unit
+from dra_driver.gpu.cdi import spec as cdi
+from dra_driver.gpu.cdi.hooks import TOOLKIT_HOOK, driver_hooks
+from dra_driver.gpu.cdi.spec import CdiError, ContainerEdits, DeviceNode, Mount
+from dra_driver.gpu.checkpoint import Unit
+from dra_driver.gpu.hardware.inventory import Gpu, Inventory, MigInstance
+from dra_driver.gpu.host.files import read_whole
+from dra_driver.gpu.host.hostpaths import BIN_DIRS, LIB_DIRS, HostPaths
+from dra_driver.gpu.planning import SharingStrategy, Target
+from dra_driver.gpu.sharing.strategies.base import Materializes
 
 BINARIES = (
     "nvidia-smi",
@@ -336,7 +337,8 @@ class ClaimSpecs:
     ) -> None:
         """``runtime_host``: how the container runtime names host paths, when this
         process sees them elsewhere (see :class:`EditsBuilder`);
-        ``hook``: the ``nvidia-cdi-hook`` the specs' hooks run (:mod:`~dra_driver.gpu.cdihook`)."""
+        ``hook``: the ``nvidia-cdi-hook`` the specs' hooks run
+        (:mod:`~dra_driver.gpu.cdi.hooks`)."""
         self.kind = kind
         self._host = host
         self._runtime_host = runtime_host

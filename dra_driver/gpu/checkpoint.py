@@ -48,7 +48,6 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
 from dra_driver.errors import DriverError
-from dra_driver.gpu.strategies.base import Unit
 
 VERSION = 2
 ClaimState = Literal["Preparing", "Prepared", "Unpreparing"]
@@ -61,6 +60,22 @@ READY: SharedState = "Ready"
 RELEASING: SharedState = "Releasing"
 _E = TypeVar("_E")
 _UID = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+
+
+@dataclass(frozen=True)
+class Unit:
+    """What one strategy does for some devices of one claim; JSON in the checkpoint."""
+
+    strategy: str
+    """Name of the strategy that planned it (selects the strategy for undo)."""
+    devices: tuple[str, ...]
+    """Names of the claim's devices whose CDI edits it changes."""
+    gpus: tuple[str, ...] = ()
+    """UUIDs of GPUs whose settings it changes; two units never change one GPU."""
+    record: Mapping[str, Any] = field(default_factory=dict)
+    """Everything the strategy's ``undo`` needs, JSON-serialisable."""
+    shared: tuple[str, ...] = ()
+    """Per-node shared resources it uses, ``<GPU name>/<what>`` of a claim's (locked) GPU."""
 
 
 class CheckpointError(DriverError):
@@ -146,11 +161,8 @@ class _Reader:
 
     def get(self, key: str, kind: type, default: Any = ...) -> Any:
         value = self.raw.get(key, default)
-        if (
-            value is ...
-            or not isinstance(value, kind)
-            or (isinstance(value, bool) and kind is not bool)
-        ):
+        bad = value is ... or not isinstance(value, kind)
+        if bad or (isinstance(value, bool) and kind is not bool):
             if value is None and default is None:
                 return None
             raise CheckpointCorruptError(

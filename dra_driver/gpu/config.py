@@ -11,7 +11,7 @@ for their driver keep working::
       mpsConfig: {...}
 
 This module owns the envelope (``apiVersion``, ``kind``, ``sharing.strategy``);
-each sharing strategy (:mod:`dra_driver.gpu.strategies`) decodes its own
+each sharing strategy (:mod:`dra_driver.gpu.sharing.strategies`) decodes its own
 settings object through the small :class:`SharingDecoder` protocol, so a new
 strategy adds a decoder, not a branch here. Decoding is strict: an unknown
 apiVersion, kind, field or enum value fails the claim with the field path and

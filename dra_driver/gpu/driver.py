@@ -10,8 +10,8 @@ Re-discovery (:meth:`refresh`) keeps the previous inventory when discovery as a 
 fails (NVML briefly unavailable must not empty the pool); a GPU that is gone simply is
 not in the new inventory, so it leaves the pool with the next slice generation.
 
-Health: with a :class:`~dra_driver.gpu.healthpolicy.HealthPolicy` the driver runs a
-:class:`~dra_driver.gpu.monitor.HealthMonitor` in the background (started by
+Health: with a :class:`~dra_driver.gpu.monitoring.healthpolicy.HealthPolicy` the driver runs a
+:class:`~dra_driver.gpu.monitoring.monitor.HealthMonitor` in the background (started by
 the plugin, :meth:`start_background`). The pool is always built from one pair
 (inventory, health snapshot), and the health reported to the kubelet is read
 off that same pool, so slices and health stream cannot disagree: a device is
@@ -19,7 +19,7 @@ Unhealthy exactly when it carries a ``NoSchedule`` or ``NoExecute`` taint
 (the degraded taint of ``--taint-degraded`` included).
 
 Dynamic MIG (``mig_mode="dynamic"``): the preparer creates and destroys MIG
-instances (:mod:`dra_driver.gpu.strategies.dynamicmig`); the pool does not
+instances (:mod:`dra_driver.gpu.sharing.strategies.dynamicmig`); the pool does not
 change when it does, because instances recorded in the checkpoint are the
 partitions' own (``owned``), never others' instances to work around.
 """
@@ -36,12 +36,17 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry
 
 from dra_driver.errors import DriverError
-from dra_driver.gpu import cdihook
-from dra_driver.gpu.consumable import ConsumableGpus, MpsSlots
-from dra_driver.gpu.devices import NumaAttributeForm, build_pool
-from dra_driver.gpu.devicestatus import device_status
-from dra_driver.gpu.discovery import DiscoveryError
-from dra_driver.gpu.health import (
+from dra_driver.gpu.cdi import hooks as cdihook
+from dra_driver.gpu.hardware.consumable import ConsumableGpus, MpsSlots
+from dra_driver.gpu.hardware.devices import NumaAttributeForm, build_pool
+from dra_driver.gpu.hardware.discovery import DiscoveryError
+from dra_driver.gpu.hardware.inventory import Inventory
+from dra_driver.gpu.hardware.nvml import Nvml
+from dra_driver.gpu.hardware.nvmlmonitor import CallObserver
+from dra_driver.gpu.hardware.partitions import MigMode, OwnedInstance
+from dra_driver.gpu.host.hostpaths import HostPaths
+from dra_driver.gpu.monitoring.devicestatus import device_status
+from dra_driver.gpu.monitoring.health import (
     Fault,
     HealthSnapshot,
     claim_state_taint,
@@ -49,21 +54,16 @@ from dra_driver.gpu.health import (
     health_reports,
     taints_for,
 )
-from dra_driver.gpu.healthpolicy import HealthPolicy
-from dra_driver.gpu.hostpaths import HostPaths
-from dra_driver.gpu.inventory import Inventory
-from dra_driver.gpu.migholders import MigHolders
-from dra_driver.gpu.miginstances import MigInstances
-from dra_driver.gpu.monitor import HealthEvents, HealthMonitor
-from dra_driver.gpu.mpsrunners import DaemonRunner
-from dra_driver.gpu.nvml import Nvml
-from dra_driver.gpu.nvmlmonitor import CallObserver
-from dra_driver.gpu.partitions import MigMode, OwnedInstance
+from dra_driver.gpu.monitoring.healthpolicy import HealthPolicy
+from dra_driver.gpu.monitoring.migholders import MigHolders
+from dra_driver.gpu.monitoring.monitor import HealthEvents, HealthMonitor
+from dra_driver.gpu.monitoring.usage import UsageCollector, UsageSampler, targets_for
 from dra_driver.gpu.preparing import ClaimPreparer
-from dra_driver.gpu.sharing import GpuTools
-from dra_driver.gpu.slots import fractional_pool, say_fractional
-from dra_driver.gpu.strategies.dynamicmig import owned_by
-from dra_driver.gpu.usage import UsageCollector, UsageSampler, targets_for
+from dra_driver.gpu.sharing.miginstances import MigInstances
+from dra_driver.gpu.sharing.mpsrunners import DaemonRunner
+from dra_driver.gpu.sharing.slots import fractional_pool, say_fractional
+from dra_driver.gpu.sharing.strategies.dynamicmig import owned_by
+from dra_driver.gpu.sharing.tools import GpuTools
 from dra_driver.plugin.backend import DeviceHealth
 from dra_driver.plugin.claimbook import PreparedClaim
 from dra_driver.plugin.claims import Claim, ClaimRef, PreparedDevice
@@ -119,7 +119,7 @@ class GpuDriver:
         what it saw (metrics). With a ``registry``, per-claim GPU usage is sampled every
         ``usage_interval_s`` (0: never) once the plugin hands over its prepared claims.
         ``consumable``, ``mps_slots``: GPUs shared (``--consumable-gpus``, ``--mps-slots``;
-        :mod:`dra_driver.gpu.slots`). ``cdi_hook``: where NVIDIA's ``nvidia-cdi-hook`` goes
+        :mod:`dra_driver.gpu.sharing.slots`). ``cdi_hook``: where NVIDIA's ``nvidia-cdi-hook`` goes
         on the host and where it comes from (installed now; None: the specs name the
         toolkit's ``/usr/bin/nvidia-cdi-hook`` and nothing is installed or checked).
         ``stop_wait_s``: how long :meth:`stop_background` waits for the health monitor's
@@ -393,7 +393,7 @@ class GpuDriver:
 
     # ---- HealthReporter ----
     def device_health(self) -> list[DeviceHealth]:
-        """Read off the published pool (:func:`~dra_driver.gpu.health.health_reports`)."""
+        """Read off the published pool (:func:`.monitoring.health.health_reports`)."""
         with self._lock:
             pool, health, inventory = self._pool, self._health, self._inventory
         return health_reports(pool, self._faults(health, inventory), self._pool_name)

@@ -2,7 +2,7 @@
 
 A claim's devices are resolved against the inventory into :class:`Target`\\ s, each
 gets its effective opaque config (:func:`resolve`), and the :class:`Strategies` a
-config selects plan their units (:mod:`dra_driver.gpu.strategies.base`). A device no
+config selects plan their units (:mod:`dra_driver.gpu.sharing.strategies.base`). A device no
 strategy wants is used as it is: nothing is changed on the GPU (its compute mode and
 time-slice stay what the admin set), the claim's CDI spec alone grants it, and the
 scheduler never gives a device without ``allowMultipleAllocations`` to two claims.
@@ -17,10 +17,10 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
-from dra_driver.gpu import cdi
-from dra_driver.gpu.checkpoint import UNPREPARING, Checkpoint, ClaimEntry, DeviceRecord
+from dra_driver.gpu.cdi import spec as cdi
+from dra_driver.gpu.checkpoint import ClaimEntry, DeviceRecord, Unit
 from dra_driver.gpu.config import (
     GPU_CONFIG,
     MIG_CONFIG,
@@ -30,16 +30,9 @@ from dra_driver.gpu.config import (
     SharingDecoder,
     decode,
 )
-from dra_driver.gpu.inventory import Gpu, Inventory, MigInstance
-from dra_driver.gpu.naming import devices_by_name
-from dra_driver.gpu.partitions import MigPartition
-from dra_driver.gpu.strategies.base import (
-    ClaimCheck,
-    DeviceCatalog,
-    SharedResources,
-    SharingStrategy,
-    Unit,
-)
+from dra_driver.gpu.hardware.inventory import Gpu, Inventory, MigInstance
+from dra_driver.gpu.hardware.naming import devices_by_name
+from dra_driver.gpu.hardware.partitions import MigPartition
 from dra_driver.plugin.claims import Claim, PrepareError
 
 _GPU_PREFIX = re.compile(r"^(gpu-[0-9]+)(?:-|$)")
@@ -80,6 +73,97 @@ class Target:
         if isinstance(self.device, MigPartition):
             return self.device.parent.uuid
         return self.device.uuid if isinstance(self.device, Gpu) else self.device.parent_uuid
+
+
+class Steps(Protocol):
+    """What a strategy reports to the pipeline while it acts."""
+
+    def done(self, name: str) -> None:
+        """One side effect took place (crash tests kill the process here)."""
+        ...
+
+    def record(self, record: Mapping[str, Any]) -> None:
+        """Replace the unit's record in the checkpoint now (e.g. a hardware-assigned ID
+        undo will need), before the next step can fail."""
+        ...
+
+
+class SharingStrategy(Protocol):
+    """One way of preparing devices; the contract is in
+    :mod:`dra_driver.gpu.sharing.strategies.base`."""
+
+    @property
+    def name(self) -> str:
+        """Stable: stored in the checkpoint, and the ``sharing.strategy`` value if
+        :attr:`config` is set."""
+        ...
+
+    @property
+    def config(self) -> SharingDecoder | None:
+        """Its settings decoder; None when no opaque config selects this strategy."""
+        ...
+
+    def wants(self, target: Target, config: DeviceConfig) -> bool:
+        """Whether this strategy acts on ``target`` given its effective config."""
+        ...
+
+    def plan(self, claim_uid: str, targets: Sequence[Target], config: DeviceConfig) -> list[Unit]:
+        """Units for ``targets`` (all wanted, all with ``config``); pure, raises
+        ``ConfigError`` for settings that do not fit these devices."""
+        ...
+
+    def apply(self, unit: Unit, steps: Steps) -> None: ...
+
+    def undo(self, unit: Unit, steps: Steps) -> None:
+        """Idempotent; raises when a step did not take effect."""
+        ...
+
+    def edits(self, unit: Unit, device: str, edits: cdi.ContainerEdits) -> cdi.ContainerEdits:
+        """``device``'s container edits with this unit's additions (after :meth:`apply`)."""
+        ...
+
+    def forget(self, claim_uid: str) -> None:
+        """Remove what this strategy may have left for a claim the checkpoint does not know."""
+        ...
+
+    def after_reboot(self) -> None:
+        """Remove every file this strategy keeps; state from the previous boot is gone."""
+        ...
+
+
+@runtime_checkable
+class SharedResources(Protocol):
+    """Optional ability: per-node resources shared by several claims' units."""
+
+    def acquire(self, key: str, steps: Steps) -> Mapping[str, Any]:
+        """Create the resource (the pipeline has recorded the key); returns its record."""
+        ...
+
+    def release(self, key: str, record: Mapping[str, Any], steps: Steps) -> None:
+        """Idempotent undo of :meth:`acquire`, from the record (possibly empty: the
+        process died before acquire returned)."""
+        ...
+
+
+@runtime_checkable
+class ClaimCheck(Protocol):
+    """Optional ability: a rule over all of a claim's targets a strategy wants, whatever
+    config each came with (:meth:`SharingStrategy.plan` sees one config's targets)."""
+
+    def check_claim(self, targets: Sequence[Target]) -> None:
+        """Raises ``ConfigError`` when the claim cannot be prepared as a whole."""
+        ...
+
+
+@runtime_checkable
+class DeviceCatalog(Protocol):
+    """Optional ability: devices that do not exist yet but may be allocated (partitions
+    a strategy creates at prepare), by published name. They take precedence over the
+    inventory's devices of the same name."""
+
+    def devices(self, inventory: Inventory, recorded: Sequence[Unit]) -> Mapping[str, MigPartition]:
+        """``recorded``: this strategy's units in the checkpoint (what it made so far)."""
+        ...
 
 
 class Strategies:
@@ -302,44 +386,6 @@ def _units(
                 origins[id(unit)] = origin
                 units.append(unit)
     return units
-
-
-def check_conflicts(cp: Checkpoint, uid: str, entry: ClaimEntry) -> None:
-    """A device another claim holds is refused, unless either side has admin access or
-    both are shares (consumable capacity); an unfinished teardown still holds it. A
-    shared resource belongs to one strategy at a time: another strategy's unit naming
-    it waits (retried) until the last claim using it is gone."""
-    for unit in entry.units:
-        for key in unit.shared:
-            held = cp.shared.get(key)
-            if held is not None and held.strategy != unit.strategy:
-                users = [f"{cp.claims[u].namespace}/{cp.claims[u].name}" for u in cp.users_of(key)
-                         if u != uid]  # fmt: skip
-                raise PrepareError(
-                    f"{key} is in use by strategy {held.strategy} (claims: "
-                    f"{', '.join(users) or 'none; being released'}); a {unit.strategy} unit "
-                    "cannot use it until they are unprepared; retried"
-                )
-    mine = {d.device: d for d in entry.devices}
-    for other_uid, other in cp.claims.items():
-        if other_uid == uid:
-            continue
-        for dev in other.devices:
-            own = mine.get(dev.device)
-            if own is None or dev.admin_access or own.admin_access:
-                continue
-            if dev.share_id is not None and own.share_id is not None:
-                continue  # two shares of one device (consumable capacity)
-            who = f"{other.namespace}/{other.name} ({other_uid})"
-            if other.state == UNPREPARING:
-                raise PrepareError(
-                    f"device {dev.device!r} is still held by claim {who}, whose unprepare "
-                    f"has not finished ({other.error or 'in progress'}); retried"
-                )
-            raise PrepareError(
-                f"device {dev.device!r} is already prepared for claim {who}; a device is "
-                "shared only with admin access"
-            )
 
 
 def gpu_name_of(device_name: str) -> str:

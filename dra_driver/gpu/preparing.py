@@ -35,9 +35,9 @@ from pathlib import Path
 from typing import Any
 
 from dra_driver.errors import DriverError
-from dra_driver.gpu import cdi
+from dra_driver.gpu.cdi import spec as cdi
+from dra_driver.gpu.cdi.hooks import TOOLKIT_HOOK, HookError
 from dra_driver.gpu.cdiedits import ClaimSpecs
-from dra_driver.gpu.cdihook import TOOLKIT_HOOK, HookError
 from dra_driver.gpu.checkpoint import (
     ACQUIRING,
     PREPARED,
@@ -46,37 +46,35 @@ from dra_driver.gpu.checkpoint import (
     ClaimEntry,
     DeviceRecord,
     SharedEntry,
+    Unit,
 )
-from dra_driver.gpu.consumable import MpsSlots
-from dra_driver.gpu.files import NodeLocks
-from dra_driver.gpu.hostpaths import HostPaths
-from dra_driver.gpu.inventory import Gpu, Inventory, MigInstance
-from dra_driver.gpu.miginstances import MigInstances
-from dra_driver.gpu.mpsdaemons import MpsDaemons
-from dra_driver.gpu.mpsrunners import DaemonRunner
-from dra_driver.gpu.naming import devices_by_name
+from dra_driver.gpu.hardware.consumable import MpsSlots
+from dra_driver.gpu.hardware.inventory import Gpu, Inventory, MigInstance
+from dra_driver.gpu.hardware.naming import devices_by_name
+from dra_driver.gpu.host.files import NodeLocks
+from dra_driver.gpu.host.hostpaths import HostPaths
 from dra_driver.gpu.planning import (
     ClaimPlan,
+    SharedResources,
+    SharingStrategy,
     Strategies,
     allocation_key,
-    check_conflicts,
     locks_of,
     plan_claim,
 )
-from dra_driver.gpu.sharing import GpuCommands, GpuTools
+from dra_driver.gpu.sharing.miginstances import MigInstances
+from dra_driver.gpu.sharing.mpsdaemons import MpsDaemons
+from dra_driver.gpu.sharing.mpsrunners import DaemonRunner
+from dra_driver.gpu.sharing.strategies.builtin import builtin
+from dra_driver.gpu.sharing.tools import GpuCommands, GpuTools
 from dra_driver.gpu.statefile import (
     CheckpointStore,
     Loaded,
     MoreLocks,
     UnitSteps,
+    check_conflicts,
     describe,
 )
-from dra_driver.gpu.strategies.base import (
-    SharedResources,
-    SharingStrategy,
-    Unit,
-)
-from dra_driver.gpu.strategies.builtin import builtin
 from dra_driver.gpu.unpreparing import Unpreparer
 from dra_driver.logs import ContextLogger
 from dra_driver.plugin.claims import Claim, ClaimRef, PreparedDevice, PrepareError

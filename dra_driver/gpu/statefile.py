@@ -10,7 +10,7 @@ only while the file is read, changed in memory and written; never while a GPU
 tool runs.
 
 Writes go to ``checkpoint.json.spare``, which then takes the file's place in
-one step (:func:`~dra_driver.gpu.files.write_via_spare`, mode 0600; the spare
+one step (:func:`~dra_driver.gpu.host.files.write_via_spare`, mode 0600; the spare
 keeps the previous content and is overwritten by the next write, under the
 lock): a reader, or a process killed mid-write, sees the old or the new file,
 never a mix. The JSON is compact; ``jq . checkpoint.json`` shows it to people.
@@ -26,7 +26,7 @@ same way instead of being reported corrupt.
 
 Corrupt file written in this boot: :class:`CheckpointCorruptError`; nothing
 overwrites it, because it is the only record of what must be undone. Recovery
-(README, "Claim state and recovery"): stop the plugin, move the file aside,
+(docs/claim-state.md): stop the plugin, move the file aside,
 start the plugin.
 """
 
@@ -44,17 +44,20 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dra_driver.errors import DriverError
-from dra_driver.gpu import cdi
+from dra_driver.gpu.cdi import spec as cdi
 from dra_driver.gpu.checkpoint import (
+    UNPREPARING,
     VERSION,
     Checkpoint,
     CheckpointCorruptError,
     CheckpointError,
+    ClaimEntry,
     Encoder,
+    Unit,
     decode,
     migrate_v1,
 )
-from dra_driver.gpu.files import (
+from dra_driver.gpu.host.files import (
     CdiError,
     LockTimeout,
     NodeLocks,
@@ -62,12 +65,12 @@ from dra_driver.gpu.files import (
     temp_files_for,
     write_via_spare,
 )
-from dra_driver.gpu.strategies.base import SharingStrategy, Unit
+from dra_driver.gpu.planning import SharingStrategy
 from dra_driver.plugin.claims import PrepareError
 
 if TYPE_CHECKING:
-    from dra_driver.gpu.mpsdaemons import MpsDaemons
     from dra_driver.gpu.planning import Strategies
+    from dra_driver.gpu.sharing.mpsdaemons import MpsDaemons
 
 FILE_NAME = "checkpoint.json"
 SPARE_NAME = "checkpoint.json.spare"
@@ -352,3 +355,41 @@ class MoreLocks(Exception):
 def describe(exc: BaseException) -> str:
     """An error for the kubelet: ours as they are, others with their type."""
     return str(exc) if isinstance(exc, DriverError) else f"{type(exc).__name__}: {exc}"
+
+
+def check_conflicts(cp: Checkpoint, uid: str, entry: ClaimEntry) -> None:
+    """A device another claim holds is refused, unless either side has admin access or
+    both are shares (consumable capacity); an unfinished teardown still holds it. A
+    shared resource belongs to one strategy at a time: another strategy's unit naming
+    it waits (retried) until the last claim using it is gone."""
+    for unit in entry.units:
+        for key in unit.shared:
+            held = cp.shared.get(key)
+            if held is not None and held.strategy != unit.strategy:
+                users = [f"{cp.claims[u].namespace}/{cp.claims[u].name}" for u in cp.users_of(key)
+                         if u != uid]  # fmt: skip
+                raise PrepareError(
+                    f"{key} is in use by strategy {held.strategy} (claims: "
+                    f"{', '.join(users) or 'none; being released'}); a {unit.strategy} unit "
+                    "cannot use it until they are unprepared; retried"
+                )
+    mine = {d.device: d for d in entry.devices}
+    for other_uid, other in cp.claims.items():
+        if other_uid == uid:
+            continue
+        for dev in other.devices:
+            own = mine.get(dev.device)
+            if own is None or dev.admin_access or own.admin_access:
+                continue
+            if dev.share_id is not None and own.share_id is not None:
+                continue  # two shares of one device (consumable capacity)
+            who = f"{other.namespace}/{other.name} ({other_uid})"
+            if other.state == UNPREPARING:
+                raise PrepareError(
+                    f"device {dev.device!r} is still held by claim {who}, whose unprepare "
+                    f"has not finished ({other.error or 'in progress'}); retried"
+                )
+            raise PrepareError(
+                f"device {dev.device!r} is already prepared for claim {who}; a device is "
+                "shared only with admin access"
+            )

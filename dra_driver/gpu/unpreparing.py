@@ -24,12 +24,11 @@ from contextlib import ExitStack
 from typing import Any
 
 from dra_driver.errors import DriverError
-from dra_driver.gpu import cdi
+from dra_driver.gpu.cdi import spec as cdi
 from dra_driver.gpu.checkpoint import PREPARED, READY, RELEASING, UNPREPARING, Checkpoint
-from dra_driver.gpu.mpsdaemons import is_mps_id
-from dra_driver.gpu.planning import locks_of
+from dra_driver.gpu.planning import SharedResources, locks_of
+from dra_driver.gpu.sharing.mpsdaemons import is_mps_id
 from dra_driver.gpu.statefile import ClaimRecords, Loaded, MoreLocks, UnitSteps, describe
-from dra_driver.gpu.strategies.base import SharedResources
 from dra_driver.logs import ContextLogger
 from dra_driver.plugin.claims import ClaimRef, PrepareError
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import yaml
 
 from dra_driver.devcluster import ApiError, Cluster
-from dra_driver.gpu.mpsrunners import DaemonSpec
+from dra_driver.gpu.sharing.mpsrunners import DaemonSpec
 from dra_driver.mpspods import PodRunner
 from dra_driver.plugin.kubeclient import KubeClient
 from dra_driver.plugin.nodepods import HostMount

@@ -25,9 +25,9 @@ import yaml
 
 from dra_driver.commands.slices import resource_slices
 from dra_driver.devcluster import Cluster, wait_until
-from dra_driver.gpu.discovery import discover
-from dra_driver.gpu.emulation import BUILTIN_PROFILES, EmulatedNode
-from dra_driver.gpu.inventory import Inventory
+from dra_driver.emulation import BUILTIN_PROFILES, EmulatedNode
+from dra_driver.gpu.hardware.discovery import discover
+from dra_driver.gpu.hardware.inventory import Inventory
 
 DRIVER = "gpu.nvidia.com"
 GROUP_LABEL = "dra-test/group"

@@ -23,7 +23,7 @@ from dra_driver.devcluster import (
     find_binaries,
     wait_until,
 )
-from dra_driver.gpu.healthpolicy import HealthPolicy
+from dra_driver.gpu.monitoring.healthpolicy import HealthPolicy
 from tests.cluster.test_allocation import (
     GPU,
     RESOURCE,

@@ -15,8 +15,8 @@ import pytest
 from dra_driver.commands.slices import resource_slices
 from dra_driver.demo.stack import load_examples, pin_to_node
 from dra_driver.devcluster import ApiError, Cluster, wait_until
-from dra_driver.gpu.consumable import ConsumableGpus
-from dra_driver.gpu.inventory import Inventory
+from dra_driver.gpu.hardware.consumable import ConsumableGpus
+from dra_driver.gpu.hardware.inventory import Inventory
 from tests.cluster.test_allocation import (
     DRIVER,
     GPU,

@@ -2,7 +2,7 @@
 
 Nodes publish ``dra-driver slices --mig-mode dynamic`` output for emulated profiles.
 The oracle for "as the hardware allows" is the emulated GPU itself
-(:class:`~dra_driver.gpu.emulation.migstate.MigState`, NVML's placement rules):
+(:class:`~dra_driver.emulation.migstate.MigState`, NVML's placement rules):
 after every claim the scheduler answers, the test creates the allocated GPU
 instance there (it must succeed) and checks that a claim stayed unallocated
 exactly when the GPU had no free placement for its profile.
@@ -19,8 +19,8 @@ import pytest
 
 from dra_driver.commands.slices import resource_slices
 from dra_driver.devcluster import Cluster, wait_until
-from dra_driver.gpu.emulation import load_profile
-from dra_driver.gpu.emulation.migstate import MigState
+from dra_driver.emulation import load_profile
+from dra_driver.emulation.migstate import MigState
 from tests.cluster.test_allocation import (
     DRIVER,
     GPU,

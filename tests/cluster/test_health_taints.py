@@ -28,13 +28,13 @@ from prometheus_client import CollectorRegistry
 
 from dra_driver.devcluster import Cluster, wait_until
 from dra_driver.devcluster.api import ApiError
-from dra_driver.gpu.devices import NumaAttributeForm
-from dra_driver.gpu.discovery import discover
+from dra_driver.emulation import EmulatedNode
 from dra_driver.gpu.driver import GpuDriver
-from dra_driver.gpu.emulation import EmulatedNode
-from dra_driver.gpu.healthpolicy import HealthPolicy
-from dra_driver.gpu.metrics import GpuMetrics
-from dra_driver.gpu.sharing import GpuTools
+from dra_driver.gpu.hardware.devices import NumaAttributeForm
+from dra_driver.gpu.hardware.discovery import discover
+from dra_driver.gpu.monitoring.healthpolicy import HealthPolicy
+from dra_driver.gpu.monitoring.metrics import GpuMetrics
+from dra_driver.gpu.sharing.tools import GpuTools
 from dra_driver.plugin._proto import health_v1_pb2, health_v1_pb2_grpc
 from dra_driver.plugin.healthz import HealthServer
 from tests.cluster.test_allocation import (

@@ -10,7 +10,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from dra_driver.devcluster import Cluster, wait_until
-from dra_driver.gpu.healthpolicy import HealthPolicy
+from dra_driver.gpu.monitoring.healthpolicy import HealthPolicy
 from dra_driver.plugin.healthz import HealthServer
 from dra_driver.plugin.metrics import exposition
 from tests.cluster.test_health_taints import LOG, health_node

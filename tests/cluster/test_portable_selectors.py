@@ -10,7 +10,7 @@ from typing import Any
 
 from dra_driver.demo.stack import load_examples
 from dra_driver.devcluster import Cluster, wait_until
-from dra_driver.gpu.emulation import BUILTIN_PROFILES
+from dra_driver.emulation import BUILTIN_PROFILES
 from tests.cluster.test_allocation import (
     GPU,
     allocation,

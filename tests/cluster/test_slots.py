@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from dra_driver.devcluster import Cluster
-from dra_driver.gpu.consumable import MpsSlots
+from dra_driver.gpu.hardware.consumable import MpsSlots
 from tests.cluster.test_allocation import (
     DRIVER,
     GPU,

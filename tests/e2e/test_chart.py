@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from dra_driver.devcluster import ApiError, Cluster
-from dra_driver.gpu.consumable import ConsumableGpus
+from dra_driver.gpu.hardware.consumable import ConsumableGpus
 from tests.e2e.helm import (
     CHART,
     MANIFESTS,
@@ -142,7 +142,7 @@ def test_consumable_gpus_reach_the_plugin_through_its_env(
 
 def test_mps_slots_reach_the_plugin_through_its_env(helm: Path) -> None:
     from dra_driver.cli import build_parser
-    from dra_driver.gpu.consumable import MpsSlots
+    from dra_driver.gpu.hardware.consumable import MpsSlots
 
     (container,) = daemonset(render(helm))["spec"]["template"]["spec"]["containers"]
     assert {e["name"]: e.get("value") for e in container["env"]}["DRA_MPS_SLOTS"] == "none"

@@ -20,7 +20,7 @@ from dra_driver.demo.realgpu import RealGpuNode
 from dra_driver.demo.stack import load_examples, pin_to_node
 from dra_driver.devcluster import Cluster, wait_until
 from dra_driver.devcluster.binaries import NodeBinaries
-from dra_driver.gpu.emulation import EmulatedNode
+from dra_driver.emulation import EmulatedNode
 from tests.e2e.conftest import real_gpu_node
 from tests.e2e.helm import build_helm, render
 from tests.e2e.monitoring import PrometheusServer, build_prometheus

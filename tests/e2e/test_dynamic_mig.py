@@ -21,10 +21,10 @@ from dra_driver.demo.realgpu import RealGpuNode, keep_running
 from dra_driver.demo.stack import load_examples, pin_to_node
 from dra_driver.devcluster import Cluster, wait_until
 from dra_driver.devcluster.binaries import NodeBinaries
-from dra_driver.gpu.emulation import load_profile
-from dra_driver.gpu.emulation.hosttree import ci_cap_minor, gi_cap_minor
-from dra_driver.gpu.emulation.migrules import gi_id_for
-from dra_driver.gpu.emulation.migstate import STATE_FILE, MigState
+from dra_driver.emulation import load_profile
+from dra_driver.emulation.hosttree import ci_cap_minor, gi_cap_minor
+from dra_driver.emulation.migrules import gi_id_for
+from dra_driver.emulation.migstate import STATE_FILE, MigState
 from tests.e2e.conftest import real_gpu_node
 from tests.e2e.scenarios import (
     EXAMPLES,

@@ -17,8 +17,8 @@ from dra_driver.demo.realgpu import RealGpuNode, keep_running
 from dra_driver.demo.stack import pin_to_node
 from dra_driver.devcluster import Cluster, wait_until
 from dra_driver.devcluster.binaries import NodeBinaries
-from dra_driver.gpu.emulation import EmulatedNode
-from dra_driver.gpu.emulation.migrules import gi_id_for
+from dra_driver.emulation import EmulatedNode
+from dra_driver.emulation.migrules import gi_id_for
 from tests.cluster.test_allocation import stays_unallocated
 from tests.e2e.conftest import real_gpu_node
 from tests.e2e.scenarios import claim_name_of, get_claim, results

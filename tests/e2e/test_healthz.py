@@ -169,7 +169,7 @@ def test_an_unexpected_failure_answers_500_and_is_logged(served, monkeypatch, ca
 def test_the_daemons_families_keep_the_names_types_and_labels_dashboards_read() -> None:
     """The chart's rules and dashboard query these exact series; prometheus-client's
     ``_created`` samples are not served (nothing reads them)."""
-    from dra_driver.gpu.metrics import GpuMetrics
+    from dra_driver.gpu.monitoring.metrics import GpuMetrics
     from dra_driver.plugin.backend import DeviceHealth
     from dra_driver.plugin.metrics import PluginMetrics
     from dra_driver.plugin.resources import Pool

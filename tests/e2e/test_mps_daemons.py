@@ -44,7 +44,7 @@ CLIENT = (
     'while true; do echo "alloc $POD 1" > $P/control; sleep 0.2; done'
 )
 """A CUDA client of its claim's daemon (the emulated daemon's client protocol,
-:mod:`dra_driver.gpu.emulation.mpsclients`): it connects without limits of its own,
+:mod:`dra_driver.emulation.mpsclients`): it connects without limits of its own,
 then allocates 1 MiB every 200 ms (an open of the pipe blocks while no daemon holds
 it); the daemon answers in ``clients/<pod>`` under the pipe dir."""
 LIMIT = "1Gi"

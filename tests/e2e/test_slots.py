@@ -2,7 +2,7 @@
 an emulated 580-driver node into four slots, the real scheduler handing out slots to
 claims from two namespaces (no capacity requested), the real kubelet preparing them
 through our plugin, containerd starting busybox containers that act as CUDA clients of
-the emulated MPS daemon (:mod:`dra_driver.gpu.emulation.mpsclients`). Both containers
+the emulated MPS daemon (:mod:`dra_driver.emulation.mpsclients`). Both containers
 see the pipe dir and ``/dev/shm`` of the GPU's one daemon and one slot's limits; one
 that asks for 40G and 100 % and one that unsets its ``CUDA_MPS_*`` variables both get
 one slot, and an allocation beyond it fails. The daemon outlives the first pod and not

@@ -9,9 +9,9 @@ from pathlib import Path
 import pynvml
 import pytest
 
-from dra_driver.gpu.discovery import discover
-from dra_driver.gpu.emulation import EmulatedNode
-from dra_driver.gpu.inventory import Inventory
+from dra_driver.emulation import EmulatedNode
+from dra_driver.gpu.hardware.discovery import discover
+from dra_driver.gpu.hardware.inventory import Inventory
 
 LOG = logging.getLogger("tests.gpu")
 

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from dra_driver.gpu import cdihook
-from dra_driver.gpu.emulation import EmulatedNode
+from dra_driver.emulation import EmulatedNode
+from dra_driver.gpu.cdi import hooks as cdihook
 from dra_driver.plugin.claims import AllocatedDevice, Claim, ClaimRef
 from tests.conftest import cdi_hook
 from tests.gpu.test_devices_driver import gpu_driver

@@ -14,9 +14,9 @@ from dra_driver.gpu.checkpoint import (
     DeviceRecord,
     Encoder,
     SharedEntry,
+    Unit,
     decode,
 )
-from dra_driver.gpu.strategies.base import Unit
 
 
 def entry(name: str, *, device: str = "gpu-0", units: tuple[Unit, ...] = ()) -> ClaimEntry:

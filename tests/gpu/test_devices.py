@@ -7,8 +7,8 @@ from pathlib import Path
 import pynvml
 import pytest
 
-from dra_driver.gpu.devices import build_pool, driver_semver, quantity, semver
-from dra_driver.gpu.emulation import BUILTIN_PROFILES
+from dra_driver.emulation import BUILTIN_PROFILES
+from dra_driver.gpu.hardware.devices import build_pool, driver_semver, quantity, semver
 from dra_driver.plugin.resources import Capacity, DeviceTaint, Version
 from dra_driver.plugin.slices import MAX_ATTRIBUTES_AND_CAPACITIES, validate_pool
 

@@ -10,12 +10,12 @@ from typing import Any
 import pynvml
 import pytest
 
-from dra_driver.gpu.discovery import DiscoveryError, discover
+from dra_driver.emulation import EmulatedNode, gputools
+from dra_driver.emulation.hosttree import ci_cap_minor, gi_cap_minor
 from dra_driver.gpu.driver import GpuDriver
-from dra_driver.gpu.emulation import EmulatedNode, gputools
-from dra_driver.gpu.emulation.hosttree import ci_cap_minor, gi_cap_minor
-from dra_driver.gpu.inventory import Inventory
-from dra_driver.gpu.sharing import GpuTools
+from dra_driver.gpu.hardware.discovery import DiscoveryError, discover
+from dra_driver.gpu.hardware.inventory import Inventory
+from dra_driver.gpu.sharing.tools import GpuTools
 from dra_driver.plugin.claims import AllocatedDevice, Claim, ClaimRef
 
 LOG = logging.getLogger("tests.gpu.driver")
@@ -171,7 +171,7 @@ def test_per_claim_usage_labels_the_sharing_strategy(make_node, tmp_path: Path) 
 def test_consumable_gpus_are_published_and_what_cannot_work_is_said_at_start(
     make_node, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from dra_driver.gpu.consumable import ConsumableGpus
+    from dra_driver.gpu.hardware.consumable import ConsumableGpus
 
     node = make_node("l4-x4")  # driver 580: shares cannot be enforced
     selection = ConsumableGpus(names=frozenset({"NVIDIA L4", "NVIDIA H100 80GB HBM3"}))
@@ -194,7 +194,7 @@ def test_consumable_gpus_are_published_and_what_cannot_work_is_said_at_start(
 def test_slot_gpus_are_published_and_what_is_not_split_is_said_at_start(
     make_node, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from dra_driver.gpu.consumable import ConsumableGpus, MpsSlots
+    from dra_driver.gpu.hardware.consumable import ConsumableGpus, MpsSlots
 
     node = make_node("l4-x4")
     with node.nvml(), caplog.at_level(logging.INFO, logger=LOG.name):

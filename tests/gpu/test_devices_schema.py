@@ -10,8 +10,8 @@ import pytest
 import yaml
 
 from dra_driver.commands.slices import resource_slices
-from dra_driver.gpu.consumable import ConsumableGpus
-from dra_driver.gpu.emulation import BUILTIN_PROFILES
+from dra_driver.emulation import BUILTIN_PROFILES
+from dra_driver.gpu.hardware.consumable import ConsumableGpus
 
 VERSIONS = ("1.34", "1.37")
 DEVICECLASSES = Path(__file__).parents[2] / "deploy" / "deviceclasses"
@@ -52,7 +52,7 @@ def test_consumable_gpus_match_the_api_schema(
 
 @pytest.mark.parametrize("version", VERSIONS)
 def test_slot_gpus_match_the_api_schema(make_node, discover_node, version: str) -> None:
-    from dra_driver.gpu.consumable import MpsSlots
+    from dra_driver.gpu.hardware.consumable import MpsSlots
 
     slices = resource_slices(
         discover_node(make_node("l4-x4")),

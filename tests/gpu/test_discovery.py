@@ -14,9 +14,9 @@ from pathlib import Path
 import pynvml
 import pytest
 
-from dra_driver.gpu.discovery import DiscoveryError, discover
-from dra_driver.gpu.emulation.hosttree import ci_cap_minor, gi_cap_minor
-from dra_driver.gpu.hostpaths import HostPaths
+from dra_driver.emulation.hosttree import ci_cap_minor, gi_cap_minor
+from dra_driver.gpu.hardware.discovery import DiscoveryError, discover
+from dra_driver.gpu.host.hostpaths import HostPaths
 
 GiB, MiB = 2**30, 2**20
 
@@ -229,7 +229,7 @@ def test_removed_gpu_is_gone_from_the_next_discovery(make_node, discover_node) -
 
 
 def test_cuda_version_from_nvml_integer(make_node, discover_node, tmp_path: Path) -> None:
-    text = (Path(__file__).parents[2] / "dra_driver/gpu/emulation/profiles/t4.yaml").read_text()
+    text = (Path(__file__).parents[2] / "dra_driver/emulation/profiles/t4.yaml").read_text()
     path = tmp_path / "old.yaml"
     path.write_text(text.replace("13000", "12040").replace("580.95.05", "550.54.15"))
     inv = discover_node(make_node(path))

@@ -10,8 +10,8 @@ from pathlib import Path
 import pynvml
 import pytest
 
-from dra_driver.gpu.emulation import BUILTIN_PROFILES, EmulatedNode, ProfileError, load_profile
-from dra_driver.gpu.emulation.hosttree import ci_cap_minor, gi_cap_minor
+from dra_driver.emulation import BUILTIN_PROFILES, EmulatedNode, ProfileError, load_profile
+from dra_driver.emulation.hosttree import ci_cap_minor, gi_cap_minor
 
 
 def test_install_is_scoped_and_restores_pynvml(make_node) -> None:
@@ -379,7 +379,7 @@ def test_never_writes_over_a_real_looking_host_root(tmp_path: Path) -> None:
 KILLED_WHILE_WRITING = """
 import os, signal, sys
 from pathlib import Path
-from dra_driver.gpu.emulation import node
+from dra_driver.emulation import node
 
 def killed(profile, root, **kw):
     (root / "sys" / "bus" / "pci").mkdir(parents=True)  # the first files of the tree

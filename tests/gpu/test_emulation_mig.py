@@ -13,12 +13,12 @@ from pathlib import Path
 import pynvml
 import pytest
 
-from dra_driver.gpu.discovery import discover
-from dra_driver.gpu.emulation import EmulatedNode
-from dra_driver.gpu.emulation.hardware import REALISTIC_CALL_DELAYS, ProfileError
-from dra_driver.gpu.emulation.hosttree import ci_cap_minor, gi_cap_minor
-from dra_driver.gpu.emulation.profile import call_delays
-from dra_driver.gpu.nvml import Nvml, NvmlError
+from dra_driver.emulation import EmulatedNode
+from dra_driver.emulation.hardware import REALISTIC_CALL_DELAYS, ProfileError
+from dra_driver.emulation.hosttree import ci_cap_minor, gi_cap_minor
+from dra_driver.emulation.profile import call_delays
+from dra_driver.gpu.hardware.discovery import discover
+from dra_driver.gpu.hardware.nvml import Nvml, NvmlError
 
 A100_PROFILES = {"1g.10gb": 19, "1g.10gb+me": 20, "1g.20gb": 15, "2g.20gb": 14, "3g.40gb": 9,
                  "4g.40gb": 5, "7g.80gb": 0}  # fmt: skip
@@ -210,7 +210,7 @@ def test_instances_are_node_state_shared_by_processes_and_gone_after_reboot(
     node = EmulatedNode.create("dgx-a100-mig", root)
     script = (
         "import pynvml, sys\n"
-        "from dra_driver.gpu.emulation import EmulatedNode\n"
+        "from dra_driver.emulation import EmulatedNode\n"
         "node = EmulatedNode.create('dgx-a100-mig', sys.argv[1])\n"
         "with node.nvml():\n"
         "    pynvml.nvmlInit()\n"

@@ -10,8 +10,8 @@ import time
 import pynvml
 import pytest
 
-from dra_driver.gpu.emulation import EmulatedNode, EmulatedNvmlLibrary
-from dra_driver.gpu.emulation.runtime import CONTROL_FILE, ControlError
+from dra_driver.emulation import EmulatedNode, EmulatedNvmlLibrary
+from dra_driver.emulation.runtime import CONTROL_FILE, ControlError
 
 
 @pytest.fixture

@@ -7,8 +7,14 @@ import datetime
 
 import pytest
 
-from dra_driver.gpu.health import Fault, HealthBook, device_faults, recovery_fault, taints_for
-from dra_driver.gpu.healthpolicy import DEFAULT_IGNORED_XIDS, HealthPolicy, Severity
+from dra_driver.gpu.monitoring.health import (
+    Fault,
+    HealthBook,
+    device_faults,
+    recovery_fault,
+    taints_for,
+)
+from dra_driver.gpu.monitoring.healthpolicy import DEFAULT_IGNORED_XIDS, HealthPolicy, Severity
 from dra_driver.plugin.resources import DeviceTaint
 
 UUID = "GPU-1"

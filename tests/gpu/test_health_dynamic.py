@@ -8,12 +8,12 @@ import datetime
 from collections.abc import Mapping, Sequence
 
 from dra_driver.errors import DriverError
-from dra_driver.gpu.health import DynamicMig, Fault, HealthBook, device_faults
-from dra_driver.gpu.healthpolicy import HealthPolicy, Severity
-from dra_driver.gpu.migholders import MigHolders
-from dra_driver.gpu.miginstances import MigRequest
-from dra_driver.gpu.partitions import partitions_by_name
-from dra_driver.gpu.strategies.base import Unit
+from dra_driver.gpu.checkpoint import Unit
+from dra_driver.gpu.hardware.partitions import partitions_by_name
+from dra_driver.gpu.monitoring.health import DynamicMig, Fault, HealthBook, device_faults
+from dra_driver.gpu.monitoring.healthpolicy import HealthPolicy, Severity
+from dra_driver.gpu.monitoring.migholders import MigHolders
+from dra_driver.gpu.sharing.miginstances import MigRequest
 
 UUID = "GPU-2"
 T0 = datetime.datetime(2026, 11, 28, 22, 0, 0, tzinfo=datetime.UTC).timestamp()

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from dra_driver.gpu.emulation import EmulatedNode
-from dra_driver.gpu.emulation.hosttree import ci_cap_minor, gi_cap_minor
-from dra_driver.gpu.miginstances import MigError, MigInstances, MigRequest
+from dra_driver.emulation import EmulatedNode
+from dra_driver.emulation.hosttree import ci_cap_minor, gi_cap_minor
+from dra_driver.gpu.sharing.miginstances import MigError, MigInstances, MigRequest
 
 LOG = logging.getLogger("tests.miginstances")
 

@@ -12,11 +12,11 @@ from pathlib import Path
 import pynvml
 import pytest
 
-from dra_driver.gpu.discovery import discover
+from dra_driver.emulation import EmulatedNode
 from dra_driver.gpu.driver import GpuDriver
-from dra_driver.gpu.emulation import EmulatedNode
-from dra_driver.gpu.healthpolicy import HealthPolicy
-from dra_driver.gpu.sharing import GpuTools
+from dra_driver.gpu.hardware.discovery import discover
+from dra_driver.gpu.monitoring.healthpolicy import HealthPolicy
+from dra_driver.gpu.sharing.tools import GpuTools
 
 LOG = logging.getLogger("tests.monitor")
 FAST = HealthPolicy(healthy_period_s=0.6, check_interval_s=0.1)
@@ -203,8 +203,8 @@ def test_stop_at_exit_does_not_wait_out_nvml_event_waits(make_node) -> None:
     """SIGTERM to exit took the event wait's length (nvmlEventSetWait cannot be woken):
     with a deadline the monitor returns at once and leaves NVML for the process's exit
     (no nvmlShutdown while a wait is in it); without one it waits and shuts NVML down."""
-    from dra_driver.gpu.monitor import HealthMonitor
-    from dra_driver.gpu.nvml import Nvml
+    from dra_driver.gpu.hardware.nvml import Nvml
+    from dra_driver.gpu.monitoring.monitor import HealthMonitor
 
     node = make_node("l4-x4")
     with node.nvml():

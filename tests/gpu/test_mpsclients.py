@@ -1,5 +1,5 @@
 """The emulated MPS daemon's limits as clients meet them
-(:mod:`dra_driver.gpu.emulation.mpsclients`): inherited defaults, tightened by a client,
+(:mod:`dra_driver.emulation.mpsclients`): inherited defaults, tightened by a client,
 never loosened; allocations within a client's limit."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from dra_driver.gpu.emulation.mpsclients import Daemon
+from dra_driver.emulation.mpsclients import Daemon
 
 UUID = "GPU-11111111-2222-3333-4444-555555555555"
 

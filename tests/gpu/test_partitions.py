@@ -8,11 +8,16 @@ import kubernetes_validate
 import pytest
 
 from dra_driver.commands.slices import resource_slices
-from dra_driver.gpu.devices import build_pool
-from dra_driver.gpu.emulation import load_profile
-from dra_driver.gpu.emulation.migrules import MigRuleError
-from dra_driver.gpu.emulation.migstate import MigState
-from dra_driver.gpu.partitions import MigPartition, capacity, partitions, partitions_by_name
+from dra_driver.emulation import load_profile
+from dra_driver.emulation.migrules import MigRuleError
+from dra_driver.emulation.migstate import MigState
+from dra_driver.gpu.hardware.devices import build_pool
+from dra_driver.gpu.hardware.partitions import (
+    MigPartition,
+    capacity,
+    partitions,
+    partitions_by_name,
+)
 from dra_driver.plugin.resources import Capacity, CounterConsumption, Device
 from dra_driver.plugin.slices import (
     MAX_ATTRIBUTES_AND_CAPACITIES,

@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from dra_driver.commands.discover import inventory_data
-from dra_driver.gpu.discovery import discover
-from dra_driver.gpu.emulation.node import EmulatedNode
+from dra_driver.emulation.node import EmulatedNode
+from dra_driver.gpu.hardware.discovery import discover
 
 REAL = Path(__file__).parent / "data" / "h100-real"
 PER_NODE = {"uuid", "pci", "index", "minor", "nvlink", "fabric"}

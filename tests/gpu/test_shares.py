@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from dra_driver.gpu.consumable import ConsumableGpus
-from dra_driver.gpu.devices import build_pool
-from dra_driver.gpu.shares import (
+from dra_driver.gpu.hardware.consumable import ConsumableGpus
+from dra_driver.gpu.hardware.devices import build_pool
+from dra_driver.gpu.sharing.shares import (
     ShareError,
     can_enforce,
     consumable_pool,

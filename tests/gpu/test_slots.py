@@ -9,9 +9,9 @@ import pytest
 from dra_driver.allocation.capacity import consumption, fits, violates_policy
 from dra_driver.allocation.model import CapacityPolicy as ModelPolicy
 from dra_driver.allocation.model import DeviceCapacity
-from dra_driver.gpu.consumable import ConsumableGpus, MpsSlots
-from dra_driver.gpu.devices import build_pool
-from dra_driver.gpu.slots import Slot, capacities, fractional_pool, say_fractional
+from dra_driver.gpu.hardware.consumable import ConsumableGpus, MpsSlots
+from dra_driver.gpu.hardware.devices import build_pool
+from dra_driver.gpu.sharing.slots import Slot, capacities, fractional_pool, say_fractional
 from dra_driver.plugin.resources import Capacity, CapacityPolicy
 from dra_driver.plugin.slices import validate_pool
 from dra_driver.quantity import Quantity

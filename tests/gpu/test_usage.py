@@ -10,8 +10,8 @@ import pynvml
 import pytest
 from prometheus_client import CollectorRegistry
 
-from dra_driver.gpu.nvml import Nvml
-from dra_driver.gpu.usage import UsageCollector, UsageSampler, UsageTarget, pod_uid_of
+from dra_driver.gpu.hardware.nvml import Nvml
+from dra_driver.gpu.monitoring.usage import UsageCollector, UsageSampler, UsageTarget, pod_uid_of
 
 POD_A = "11111111-2222-4333-8444-555555555555"
 POD_B = "66666666-7777-4888-9999-aaaaaaaaaaaa"
@@ -104,7 +104,7 @@ def test_metrics_follow_the_prepared_claims(sampled) -> None:
 
 
 def test_targets_follow_the_claim_book_and_the_inventory(make_node, discover_node) -> None:
-    from dra_driver.gpu.usage import targets_for
+    from dra_driver.gpu.monitoring.usage import targets_for
     from dra_driver.plugin.claimbook import PreparedClaimBook
     from dra_driver.plugin.claims import ClaimRef
 

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from dra_driver.gpu.discovery import discover
+from dra_driver.emulation import EmulatedNode, gputools
 from dra_driver.gpu.driver import GpuDriver
-from dra_driver.gpu.emulation import EmulatedNode, gputools
-from dra_driver.gpu.sharing import GpuTools
+from dra_driver.gpu.hardware.discovery import discover
+from dra_driver.gpu.sharing.tools import GpuTools
 from dra_driver.plugin._proto import dra_v1_pb2, dra_v1_pb2_grpc
 from tests.plugin.conftest import RunningPlugin, StartPlugin
 from tests.plugin.fakes import DRIVER, claim_object

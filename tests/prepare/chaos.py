@@ -40,7 +40,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from dra_driver.gpu import files, sharing
+from dra_driver.gpu.host import files
+from dra_driver.gpu.sharing import tools as sharing
 from dra_driver.plugin.claims import Claim, PrepareError
 from tests.prepare.hosttree import (
     ENFORCING_VERSION,
@@ -204,7 +205,7 @@ def _install_hooks(killer: _Killer) -> None:
 
 
 class _Subprocess:
-    """``subprocess`` as :mod:`dra_driver.gpu.sharing` sees it, with ``run`` hooked."""
+    """``subprocess`` as :mod:`dra_driver.gpu.sharing.tools` sees it, with ``run`` hooked."""
 
     def __init__(self, run: Any) -> None:
         self.run = run

@@ -1,4 +1,4 @@
-"""Claim preparation on the emulated nodes (profiles of dra_driver.gpu.emulation)."""
+"""Claim preparation on the emulated nodes (profiles of dra_driver.emulation)."""
 
 from __future__ import annotations
 
@@ -6,17 +6,17 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from dra_driver.gpu.cdihook import TOOLKIT_HOOK
-from dra_driver.gpu.discovery import discover
-from dra_driver.gpu.emulation import gputools
-from dra_driver.gpu.emulation.node import EmulatedNode
-from dra_driver.gpu.inventory import Inventory
-from dra_driver.gpu.naming import devices_by_name
+from dra_driver.emulation import gputools
+from dra_driver.emulation.node import EmulatedNode
+from dra_driver.gpu.cdi.hooks import TOOLKIT_HOOK
+from dra_driver.gpu.hardware.discovery import discover
+from dra_driver.gpu.hardware.inventory import Inventory
+from dra_driver.gpu.hardware.naming import devices_by_name
 from dra_driver.gpu.preparing import ClaimPreparer
-from dra_driver.gpu.sharing import GpuTools
+from dra_driver.gpu.sharing.tools import GpuTools
 from tests.prepare.hosttree import state_dir_for
 
-PROFILES_DIR = Path(__file__).parents[2] / "dra_driver" / "gpu" / "emulation" / "profiles"
+PROFILES_DIR = Path(__file__).parents[2] / "dra_driver" / "emulation" / "profiles"
 # dgx-a100-mig-on has only MIG-mode GPUs without instances: nothing to prepare in static mode.
 PROFILES = sorted(
     p.stem for p in PROFILES_DIR.glob("*.yaml") if p.stem not in ("models", "dgx-a100-mig-on")

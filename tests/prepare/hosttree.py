@@ -14,12 +14,19 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dra_driver.gpu.consumable import MpsSlots
-from dra_driver.gpu.emulation import gputools
-from dra_driver.gpu.hostpaths import HostPaths
-from dra_driver.gpu.inventory import Gpu, Inventory, MigInstance, MigPlacement, MigProfile, PciInfo
+from dra_driver.emulation import gputools
+from dra_driver.gpu.hardware.consumable import MpsSlots
+from dra_driver.gpu.hardware.inventory import (
+    Gpu,
+    Inventory,
+    MigInstance,
+    MigPlacement,
+    MigProfile,
+    PciInfo,
+)
+from dra_driver.gpu.host.hostpaths import HostPaths
 from dra_driver.gpu.preparing import ClaimPreparer
-from dra_driver.gpu.sharing import GpuTools
+from dra_driver.gpu.sharing.tools import GpuTools
 from dra_driver.plugin.claims import AllocatedDevice, Claim, ClaimRef, OpaqueConfig
 
 DRIVER = "gpu.nvidia.com"

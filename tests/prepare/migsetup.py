@@ -18,12 +18,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dra_driver.gpu.discovery import discover
-from dra_driver.gpu.emulation.node import EmulatedNode
-from dra_driver.gpu.inventory import Inventory
-from dra_driver.gpu.miginstances import MigInstances
+from dra_driver.emulation.node import EmulatedNode
+from dra_driver.gpu.hardware.discovery import discover
+from dra_driver.gpu.hardware.inventory import Inventory
 from dra_driver.gpu.preparing import ClaimPreparer
-from dra_driver.gpu.sharing import GpuTools
+from dra_driver.gpu.sharing.miginstances import MigInstances
+from dra_driver.gpu.sharing.tools import GpuTools
 from dra_driver.plugin.claims import ClaimRef
 from tests.prepare.hosttree import claim
 

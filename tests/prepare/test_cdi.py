@@ -11,8 +11,8 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from dra_driver.gpu import cdi
-from dra_driver.gpu.cdi import CdiDevice, CdiError, ContainerEdits, DeviceNode, Mount, Spec
+from dra_driver.gpu.cdi import spec as cdi
+from dra_driver.gpu.cdi.spec import CdiDevice, CdiError, ContainerEdits, DeviceNode, Mount, Spec
 from dra_driver.plugin.claims import PrepareError
 from tests.prepare.hosttree import Node, claim
 

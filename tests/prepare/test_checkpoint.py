@@ -14,11 +14,10 @@ from pathlib import Path
 import pytest
 
 from dra_driver.gpu import statefile
-from dra_driver.gpu.checkpoint import CheckpointError, SharedEntry
-from dra_driver.gpu.mpsdaemons import MpsDaemons
-from dra_driver.gpu.sharing import GpuCommands
+from dra_driver.gpu.checkpoint import CheckpointError, SharedEntry, Unit
+from dra_driver.gpu.sharing.mpsdaemons import MpsDaemons
+from dra_driver.gpu.sharing.tools import GpuCommands
 from dra_driver.gpu.statefile import CheckpointStore
-from dra_driver.gpu.strategies.base import Unit
 from dra_driver.plugin.claims import ClaimRef, PrepareError
 from tests.prepare.hosttree import Node, claim
 

@@ -7,9 +7,9 @@ import pytest
 from dra_driver.gpu import config
 from dra_driver.gpu.config import ConfigError, Sharing, parse_quantity
 from dra_driver.gpu.planning import resolve as resolve_configs
-from dra_driver.gpu.strategies.builtin import DECODERS
-from dra_driver.gpu.strategies.mps import Mps
-from dra_driver.gpu.strategies.timeslicing import TimeSlicing
+from dra_driver.gpu.sharing.strategies.builtin import DECODERS
+from dra_driver.gpu.sharing.strategies.mps import Mps
+from dra_driver.gpu.sharing.strategies.timeslicing import TimeSlicing
 from tests.prepare.hosttree import claim, gpu_config
 
 API = "resource.nvidia.com/v1beta1"

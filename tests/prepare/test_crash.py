@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from dra_driver.gpu.emulation import gputools
+from dra_driver.emulation import gputools
 from tests.prepare.crashing import CRASH_REF, CRASH_UID, crash_claim
 from tests.prepare.hosttree import Node
 

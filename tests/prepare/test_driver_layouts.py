@@ -12,8 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from dra_driver.gpu.cdiedits import EditsBuilder
-from dra_driver.gpu.hostpaths import HostPaths, find_driver_root
-from dra_driver.gpu.sharing import GpuTools
+from dra_driver.gpu.host.hostpaths import HostPaths, find_driver_root
+from dra_driver.gpu.sharing.tools import GpuTools
 
 VERSION = "580.159.04"
 MAJORS = {"nvidia": 195, "nvidia-uvm": 238}

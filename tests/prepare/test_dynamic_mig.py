@@ -15,11 +15,11 @@ from pathlib import Path
 import pynvml
 import pytest
 
-from dra_driver.gpu.discovery import discover
+from dra_driver.emulation.hosttree import ci_cap_minor, gi_cap_minor
 from dra_driver.gpu.driver import GpuDriver
-from dra_driver.gpu.emulation.hosttree import ci_cap_minor, gi_cap_minor
-from dra_driver.gpu.partitions import whole_gpu_profile
-from dra_driver.gpu.sharing import GpuTools
+from dra_driver.gpu.hardware.discovery import discover
+from dra_driver.gpu.hardware.partitions import whole_gpu_profile
+from dra_driver.gpu.sharing.tools import GpuTools
 from dra_driver.plugin.claims import PrepareError
 from tests.prepare.hosttree import gpu_config
 from tests.prepare.migsetup import LOG, MIG_REF, MIG_UID, MigNode, mig_claim, open_mig_node

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from dra_driver.gpu.discovery import discover
 from dra_driver.gpu.driver import GpuDriver
-from dra_driver.gpu.healthpolicy import HealthPolicy
-from dra_driver.gpu.sharing import GpuTools
+from dra_driver.gpu.hardware.discovery import discover
+from dra_driver.gpu.monitoring.healthpolicy import HealthPolicy
+from dra_driver.gpu.sharing.tools import GpuTools
 from tests.prepare.migsetup import LOG, mig_claim, open_mig_node
 
 LASTING = HealthPolicy(healthy_period_s=600, check_interval_s=0.1)

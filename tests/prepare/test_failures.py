@@ -15,13 +15,13 @@ from collections.abc import Sequence
 
 import pytest
 
-from dra_driver.gpu.cdi import ContainerEdits
+from dra_driver.gpu.cdi.spec import ContainerEdits
+from dra_driver.gpu.checkpoint import Unit
 from dra_driver.gpu.config import DeviceConfig, SharingDecoder
-from dra_driver.gpu.mpsdaemons import MpsDaemons
-from dra_driver.gpu.planning import Strategies, Target
-from dra_driver.gpu.sharing import GpuCommands
-from dra_driver.gpu.strategies.base import Steps, Unit
-from dra_driver.gpu.strategies.builtin import builtin
+from dra_driver.gpu.planning import Steps, Strategies, Target
+from dra_driver.gpu.sharing.mpsdaemons import MpsDaemons
+from dra_driver.gpu.sharing.strategies.builtin import builtin
+from dra_driver.gpu.sharing.tools import GpuCommands
 from dra_driver.plugin.claims import ClaimRef, PrepareError
 from tests.prepare.hosttree import Node, claim, gpu_config
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from dra_driver.gpu import cdi
+from dra_driver.gpu.cdi import spec as cdi
 from dra_driver.plugin.claims import AllocatedDevice, Claim, ClaimRef
 from tests.prepare.emulated import GOLDEN_DIR, GOLDEN_UID, PROFILES, emulated
 

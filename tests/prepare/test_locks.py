@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from dra_driver.gpu.files import LockTimeout, NodeLocks
+from dra_driver.gpu.host.files import LockTimeout, NodeLocks
 
 
 def _free_in_another_thread(locks: NodeLocks, names: list[str]) -> bool:

@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 
 from dra_driver.devcluster import wait_until
-from dra_driver.gpu.mpsdaemons import MIB, MpsDaemons
 from dra_driver.gpu.preparing import ClaimPreparer
-from dra_driver.gpu.sharing import GpuCommands, ToolError
+from dra_driver.gpu.sharing.mpsdaemons import MIB, MpsDaemons
+from dra_driver.gpu.sharing.tools import GpuCommands, ToolError
 from dra_driver.mpspods import PodRunner
 from dra_driver.plugin.claims import PrepareError
 from tests.mpspods_kubelet import PodKubelet
@@ -224,8 +224,7 @@ def test_which_recorded_daemons_are_owned_and_which_must_run() -> None:
     """Adoption's input: a prepared claim's daemon must run; a claim still preparing owns
     its daemon (not removed) without it having to run yet; a shared resource (a per-GPU
     daemon) owns one named under any key; a record without a daemon owns nothing."""
-    from dra_driver.gpu.checkpoint import Checkpoint, ClaimEntry, SharedEntry
-    from dra_driver.gpu.strategies.base import Unit
+    from dra_driver.gpu.checkpoint import Checkpoint, ClaimEntry, SharedEntry, Unit
     from dra_driver.gpu.unpreparing import daemon_owners
 
     def entry(state: str, record: dict[str, object]) -> ClaimEntry:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from dra_driver.gpu.emulation import gputools
+from dra_driver.emulation import gputools
 from dra_driver.plugin.claims import Claim, ClaimRef, PrepareError
 from tests.prepare.hosttree import Node, claim, gpu_config, make_node
 

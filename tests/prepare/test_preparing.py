@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from dra_driver.gpu.mpsdaemons import MpsDaemons, mps_id
-from dra_driver.gpu.sharing import GpuCommands, GpuTools
+from dra_driver.gpu.sharing.mpsdaemons import MpsDaemons, mps_id
+from dra_driver.gpu.sharing.tools import GpuCommands, GpuTools
 from dra_driver.gpu.statefile import FILE_NAME
 from dra_driver.plugin.claims import ClaimRef, PrepareError
 from tests.prepare.hosttree import MIG_CAPS, Node, claim, gpu_config, make_node
@@ -310,7 +310,7 @@ def test_devices_of_an_interrupted_prepare_stay_reserved(node: Node) -> None:
 
 
 def test_runtime_host_paths_are_rewritten_for_the_container_runtime(node: Node) -> None:
-    from dra_driver.gpu.hostpaths import HostPaths
+    from dra_driver.gpu.host.hostpaths import HostPaths
 
     view = HostPaths(root=Path("/"), driver_root=Path("/run/nvidia/driver"))
     node.preparer(runtime_host=view).prepare(claim())

@@ -11,7 +11,7 @@ import signal
 
 import pytest
 
-from dra_driver.gpu.strategies.mpsslots import slot_daemon_id
+from dra_driver.gpu.sharing.strategies.mpsslots import slot_daemon_id
 from dra_driver.plugin.claims import ClaimRef
 from tests.prepare.crash_shares import daemons_by_dir, gpu_modes
 from tests.prepare.crashing import SLOT_CLAIM

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from dra_driver.gpu.mpsdaemons import MpsDaemons
 from dra_driver.gpu.planning import Target, resolve
-from dra_driver.gpu.sharing import GpuCommands
-from dra_driver.gpu.strategies.builtin import builtin
-from dra_driver.gpu.strategies.mpsslots import slot_daemon_id
+from dra_driver.gpu.sharing.mpsdaemons import MpsDaemons
+from dra_driver.gpu.sharing.strategies.builtin import builtin
+from dra_driver.gpu.sharing.strategies.mpsslots import slot_daemon_id
+from dra_driver.gpu.sharing.tools import GpuCommands
 from dra_driver.plugin.claims import AllocatedDevice, Claim, ClaimRef, PrepareError
 from tests.prepare.crash_shares import daemons_by_dir, gpu_modes
 from tests.prepare.hosttree import (

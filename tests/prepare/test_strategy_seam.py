@@ -1,7 +1,7 @@
 """The sharing-strategy seam, exercised by the kinds of strategy still to come.
 
 ``Shares`` is a minimal fractional-GPU strategy (the real ones are
-:mod:`~dra_driver.gpu.strategies.mpsshares` and ``timeslicedshares``, left out
+:mod:`~dra_driver.gpu.sharing.strategies.mpsshares` and ``timeslicedshares``, left out
 here): many claims, each with a ``share_id``, share one per-GPU resource that
 must exist while any share does and be gone after the last. ``Instances`` stands
 in for dynamic MIG (issue 12): it learns an ID from the hardware while applying
@@ -21,15 +21,15 @@ from typing import Any
 
 import pytest
 
-from dra_driver.gpu.cdi import ContainerEdits
+from dra_driver.gpu.cdi.spec import ContainerEdits
+from dra_driver.gpu.checkpoint import Unit
 from dra_driver.gpu.config import DeviceConfig, SharingDecoder
-from dra_driver.gpu.mpsdaemons import MpsDaemons
-from dra_driver.gpu.planning import Strategies, Target, gpu_name_of
-from dra_driver.gpu.sharing import GpuCommands
-from dra_driver.gpu.strategies.base import Steps, Unit
-from dra_driver.gpu.strategies.builtin import builtin
-from dra_driver.gpu.strategies.mpsshares import MpsSharesStrategy
-from dra_driver.gpu.strategies.timeslicedshares import TimeSlicedSharesStrategy
+from dra_driver.gpu.planning import Steps, Strategies, Target, gpu_name_of
+from dra_driver.gpu.sharing.mpsdaemons import MpsDaemons
+from dra_driver.gpu.sharing.strategies.builtin import builtin
+from dra_driver.gpu.sharing.strategies.mpsshares import MpsSharesStrategy
+from dra_driver.gpu.sharing.strategies.timeslicedshares import TimeSlicedSharesStrategy
+from dra_driver.gpu.sharing.tools import GpuCommands
 from dra_driver.plugin.claims import AllocatedDevice, Claim, ClaimRef, PrepareError
 from tests.prepare.hosttree import Node
 

@@ -17,14 +17,14 @@ import time
 from pathlib import Path
 
 from dra_driver.devcluster import wait_until
-from dra_driver.gpu.emulation.gputools import install, read_record
+from dra_driver.emulation.gputools import install, read_record
 
 UUID = "GPU-0c9f0000-0000-4000-8000-000000000001"
 
 PLUGIN = """
 import logging, sys
 from pathlib import Path
-from dra_driver.gpu.sharing import GpuCommands, GpuTools
+from dra_driver.gpu.sharing.tools import GpuCommands, GpuTools
 tools = GpuTools(nvidia_smi=Path(sys.argv[1]))
 GpuCommands(tools=tools, logger=logging.getLogger()).set_compute_mode(sys.argv[2], "DEFAULT")
 """

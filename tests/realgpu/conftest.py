@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 
-from dra_driver.gpu.discovery import discover
-from dra_driver.gpu.hostpaths import HostPaths, find_driver_root
-from dra_driver.gpu.inventory import Inventory
+from dra_driver.gpu.hardware.discovery import discover
+from dra_driver.gpu.hardware.inventory import Inventory
+from dra_driver.gpu.host.hostpaths import HostPaths, find_driver_root
 from dra_driver.gpu.preparing import ClaimPreparer
-from dra_driver.gpu.sharing import GpuTools
+from dra_driver.gpu.sharing.tools import GpuTools
 from tests.realgpu.realhost import tool
 
 log = logging.getLogger("test.realgpu")

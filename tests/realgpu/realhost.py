@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from dra_driver.gpu.sharing import GpuTools
+from dra_driver.gpu.sharing.tools import GpuTools
 from dra_driver.plugin.claims import Claim
 from tests.prepare.hosttree import claim, gpu_config
 
@@ -98,7 +98,7 @@ class Client:
         env.update(limits)
         argv = [sys.executable, CLIENT]
         if shm is not None:
-            argv = [sys.executable, "-m", "dra_driver.gpu.mpslaunch", shm, *argv]
+            argv = [sys.executable, "-m", "dra_driver.gpu.sharing.mpslaunch", shm, *argv]
         self.label = label
         self.proc = subprocess.Popen(
             argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,

@@ -22,11 +22,11 @@ from pathlib import Path
 
 import pytest
 
-from dra_driver.gpu.devices import build_pool
-from dra_driver.gpu.inventory import Gpu, Inventory
-from dra_driver.gpu.partitions import capacity, partitions
+from dra_driver.gpu.hardware.devices import build_pool
+from dra_driver.gpu.hardware.inventory import Gpu, Inventory
+from dra_driver.gpu.hardware.partitions import capacity, partitions
 from dra_driver.gpu.preparing import ClaimPreparer
-from dra_driver.gpu.sharing import GpuTools
+from dra_driver.gpu.sharing.tools import GpuTools
 from dra_driver.plugin.resources import Version
 from tests.realgpu.realhost import (
     Client,

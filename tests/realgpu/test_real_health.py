@@ -9,16 +9,16 @@ import json
 import logging
 import time
 
-from dra_driver.gpu.healthpolicy import HealthPolicy
-from dra_driver.gpu.inventory import Inventory
-from dra_driver.gpu.monitor import HealthMonitor
-from dra_driver.gpu.nvml import Nvml
-from dra_driver.gpu.nvmlerrors import NvmlError
-from dra_driver.gpu.nvmlmonitor import (
+from dra_driver.gpu.hardware.inventory import Inventory
+from dra_driver.gpu.hardware.nvml import Nvml
+from dra_driver.gpu.hardware.nvmlerrors import NvmlError
+from dra_driver.gpu.hardware.nvmlmonitor import (
     EVENT_DOUBLE_BIT_ECC,
     EVENT_GPU_UNAVAILABLE,
     EVENT_XID_CRITICAL,
 )
+from dra_driver.gpu.monitoring.healthpolicy import HealthPolicy
+from dra_driver.gpu.monitoring.monitor import HealthMonitor
 from tests.realgpu.realhost import Client, record
 
 log = logging.getLogger("test.realgpu")

@@ -18,10 +18,10 @@ from typing import Any
 
 import pytest
 
-from dra_driver.gpu.inventory import Inventory
+from dra_driver.gpu.hardware.inventory import Inventory
 from dra_driver.gpu.preparing import ClaimPreparer
-from dra_driver.gpu.shares import can_enforce
-from dra_driver.gpu.sharing import GpuTools
+from dra_driver.gpu.sharing.shares import can_enforce
+from dra_driver.gpu.sharing.tools import GpuTools
 from dra_driver.plugin.claims import ClaimRef, PrepareError
 from tests.prepare.hosttree import share_claim
 from tests.realgpu.realhost import (
@@ -109,7 +109,7 @@ def test_share_daemons_side_by_side(
     EXCLUSIVE_PROCESS GPU. r615+ must hold each to its limits side by side; before
     r615 the second server cannot run, which is why those drivers refuse shares
     (if it ran, ``ENFORCING_DRIVER`` is too high: this test says so)."""
-    monkeypatch.setattr("dra_driver.gpu.strategies.mpsshares.can_enforce", lambda _v: True)
+    monkeypatch.setattr("dra_driver.gpu.sharing.strategies.mpsshares.can_enforce", lambda _v: True)
     gpu = min(inventory.gpus, key=lambda g: g.minor)
     claims = [
         share_claim(

@@ -22,13 +22,13 @@ from typing import Any
 
 import pytest
 
-from dra_driver.gpu.consumable import MpsSlots
-from dra_driver.gpu.hostpaths import HostPaths
-from dra_driver.gpu.inventory import Gpu, Inventory
+from dra_driver.gpu.hardware.consumable import MpsSlots
+from dra_driver.gpu.hardware.inventory import Gpu, Inventory
+from dra_driver.gpu.host.hostpaths import HostPaths
 from dra_driver.gpu.preparing import ClaimPreparer
-from dra_driver.gpu.shares import can_enforce
-from dra_driver.gpu.sharing import GpuCommands, GpuTools
-from dra_driver.gpu.slots import MEMORY_STEP
+from dra_driver.gpu.sharing.shares import can_enforce
+from dra_driver.gpu.sharing.slots import MEMORY_STEP
+from dra_driver.gpu.sharing.tools import GpuCommands, GpuTools
 from tests.prepare.hosttree import share_claim
 from tests.realgpu.conftest import real_preparer
 from tests.realgpu.realhost import (

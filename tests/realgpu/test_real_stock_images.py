@@ -28,8 +28,8 @@ from pathlib import Path
 
 import pytest
 
-from dra_driver.gpu.hostpaths import LIB_DIRS, HostPaths
-from dra_driver.gpu.inventory import Inventory
+from dra_driver.gpu.hardware.inventory import Inventory
+from dra_driver.gpu.host.hostpaths import LIB_DIRS, HostPaths
 from dra_driver.gpu.preparing import ClaimPreparer
 from tests.realgpu.realhost import real_claim, record, sh, spec_of, tool
 from tests.realgpu.test_real_gpu import cdi_harness
