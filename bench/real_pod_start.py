@@ -36,7 +36,8 @@ from typing import Any
 from dra_driver.demo.chart import find_helm
 from dra_driver.demo.pluginimage import build as build_image
 from dra_driver.demo.pluginimage import image_cache
-from dra_driver.demo.realgpu import RealGpuNode, RealGpuNodePod
+from dra_driver.demo.realgpu import RealGpuNode
+from dra_driver.demo.realgpupod import RealGpuNodePod
 from dra_driver.demo.stack import RESOURCE_API, install_driver_objects
 from dra_driver.devcluster import Cluster, find_binaries, wait_until
 from dra_driver.devcluster.api import ApiError
