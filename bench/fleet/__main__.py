@@ -100,7 +100,11 @@ def main(argv: list[str] | None = None) -> int:
         tempfile.TemporaryDirectory(prefix="dra-fleet-") as work,
         Cluster(find_binaries(), Path(work), options) as cluster,
     ):
-        run = run_fleet(cluster, settings)
+        try:
+            run = run_fleet(cluster, settings)
+        except (ValueError, RuntimeError) as exc:
+            print(f"bench.fleet: {exc}", file=sys.stderr)
+            return 2
         if args.check:
             problems = allocation_problems(cluster, run) + published_problems(cluster, run)
             run.summary["problems"] = problems

@@ -135,6 +135,11 @@ def run_fleet(cluster: Cluster, settings: FleetSettings) -> FleetRun:
     pool = node_pool(settings.profile, settings.flags)
     devices = api_devices(pool)
     claim_shape = shape(settings.claim, devices)
+    if claim_shape.per_node(devices) == 0:
+        raise ValueError(
+            f"no device of a {settings.profile} node ({len(devices)} published with these "
+            f"flags) can satisfy --claim {settings.claim}; pods would never bind"
+        )
     names = [f"fleet-{i:04d}" for i in range(settings.nodes)]
     _in_parallel(_node_maker(cluster), names, settings.workers)
     setup_s = time.monotonic() - began
