@@ -8,6 +8,7 @@ changes the node count for a local run."""
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import tempfile
@@ -17,10 +18,12 @@ import pytest
 
 from bench.fleet.checks import allocation_problems, published_problems
 from bench.fleet.claims import align_attribute, shape
-from bench.fleet.pools import DriverFlags, api_devices, node_pool
+from bench.fleet.measure import latencies, rss_bytes
+from bench.fleet.pools import DriverFlags, api_devices, node_pool, slice_problems
 from bench.fleet.run import CLIENT_BURST, CLIENT_QPS, FleetSettings, run_fleet
 from dra_driver.devcluster import BinariesError, Cluster, ClusterOptions, find_binaries
 from dra_driver.gpu.consumable import ConsumableGpus
+from dra_driver.plugin.slices import slice_object, split_pool
 
 NODES = int(os.environ.get("DRA_FLEET_NODES", "100"))
 
@@ -70,3 +73,36 @@ def test_shapes_select_what_users_write_and_count_node_capacity() -> None:
     assert shape("share:10Gi,25", h100).per_node(h100) == 0  # not published for sharing
     with pytest.raises(ValueError, match="want whole, mig:PROFILE"):
         shape("mig", h100)
+
+
+def test_latencies_span_first_creation_to_last_bind_and_ignore_unbound_pods() -> None:
+    created = {"a": 10.0, "b": 10.5, "c": 11.0}
+    bound = {"a": 10.2, "b": 11.5}
+    assert latencies(created, bound) == {
+        "bound": 2, "pods_per_s": round(2 / 1.5, 2), "p50_s": 0.6, "p99_s": 1.0,
+    }  # fmt: skip
+
+
+def test_rss_comes_from_the_pid_status_file(tmp_path: Path) -> None:
+    (tmp_path / "42").mkdir()
+    (tmp_path / "42" / "status").write_text("Name:\tetcd\nVmRSS:\t  2048 kB\n")
+    assert rss_bytes(42, tmp_path) == 2048 * 1024
+    assert rss_bytes(43, tmp_path) is None
+
+
+def test_a_half_written_or_foreign_pool_is_reported() -> None:
+    pool = node_pool("dgx-h100", DriverFlags())
+    content = split_pool(pool)[0]
+    good = slice_object(
+        driver="gpu.nvidia.com", node_name="n1", node_uid="u", index=0, generation=2,
+        count=1, content=content,
+    )  # fmt: skip
+    assert slice_problems([good], "n1", pool) == []
+    two = copy.deepcopy(good)
+    two["spec"]["pool"]["resourceSliceCount"] = 2
+    assert slice_problems([two], "n1", pool) == ["n1: 1 slices, resourceSliceCount [2]"]
+    fewer = copy.deepcopy(good)
+    fewer["spec"]["devices"].pop()
+    assert slice_problems([fewer], "n1", pool) == [
+        "n1: stored devices differ from the driver's pool"
+    ]
