@@ -40,6 +40,21 @@ class ClusterOptions:
     controllers: tuple[str, ...] = DRA_CONTROLLERS
     start_timeout: float = 120.0
     verbosity: int = 2
+    client_qps: int | None = None
+    """``--kube-api-qps`` of kube-scheduler and kube-controller-manager; None keeps
+    their defaults (50 and 20). Each DRA pod costs them a claim status write, a
+    binding and an event, so the default caps a busy cluster (docs/scale.md)."""
+    client_burst: int | None = None
+    """``--kube-api-burst`` of both; None keeps their defaults (100 and 30)."""
+
+    def client_args(self) -> list[str]:
+        """The client rate-limit flags both API clients of the control plane get."""
+        args: list[str] = []
+        if self.client_qps is not None:
+            args.append(f"--kube-api-qps={self.client_qps}")
+        if self.client_burst is not None:
+            args.append(f"--kube-api-burst={self.client_burst}")
+        return args
 
     def gate_args(self) -> list[str]:
         gates = ",".join(f"{k}={str(v).lower()}" for k, v in sorted(self.feature_gates.items()))
@@ -115,6 +130,7 @@ def _serving(options: ClusterOptions, certs: ClusterCerts, kubeconfig: Path) -> 
         "--leader-elect=false",
         f"--v={options.verbosity}",
         *options.gate_args(),
+        *options.client_args(),
     ]
 
 

@@ -224,3 +224,21 @@ def test_kueue_webhooks_keep_its_kinds_and_jobs_called_by_url() -> None:
     assert job["clientConfig"] == {"url": "https://127.0.0.1:9443/mutate-batch-v1-job",
                                    "caBundle": "Q0E="}  # fmt: skip
     assert job["namespaceSelector"] == selector and "namespaceSelector" not in queue
+
+
+def test_client_rate_limits_reach_scheduler_and_controller_manager_only_when_set(
+    tmp_path: Path,
+) -> None:
+    from dra_driver.devcluster import ClusterOptions
+    from dra_driver.devcluster.controlplane import controller_manager_argv, scheduler_argv
+
+    certs = generate_certs(tmp_path)
+    binaries = Binaries(*(tmp_path / n for n in ("etcd", "apiserver", "sched", "kcm")))
+    kubeconfig = tmp_path / "admin.kubeconfig"
+    tuned = ClusterOptions(client_qps=1000, client_burst=2000)
+    for argv in (scheduler_argv, controller_manager_argv):
+        default = argv(binaries, ClusterOptions(), certs, kubeconfig, 1)
+        assert not [a for a in default if a.startswith("--kube-api-")]
+        flags = argv(binaries, tuned, certs, kubeconfig, 1)
+        assert "--kube-api-qps=1000" in flags
+        assert "--kube-api-burst=2000" in flags

@@ -1,0 +1,1 @@
+"""Fleet-scale bench of the driver on a real control plane: ``python -m bench.fleet``."""

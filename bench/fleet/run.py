@@ -1,0 +1,208 @@
+"""One fleet run on a started :class:`~dra_driver.devcluster.Cluster`: nodes, slices,
+claims, ``--fill`` pods, then the timed pods. :func:`run_fleet` is what
+``python -m bench.fleet`` and ``tests/cluster/test_fleet.py`` both call."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from bench.fleet.claims import Shape, shape
+from bench.fleet.measure import BindWatch, footprint, latencies
+from bench.fleet.pools import DRIVER, DriverFlags, api_devices, node_pool, publish
+from dra_driver.devcluster import Cluster
+from dra_driver.plugin.kubeclient import KubeClient
+from dra_driver.plugin.resources import Pool
+
+ROOT = Path(__file__).resolve().parents[2]
+DEVICECLASSES = ROOT / "deploy" / "deviceclasses"
+RESOURCE = "/apis/resource.k8s.io/v1"
+NAMESPACE = "fleet"
+TEMPLATE = "fleet-claim"
+CLIENT_QPS = 1000
+CLIENT_BURST = 2000
+"""What ``bench.fleet`` gives kube-scheduler and kube-controller-manager
+(``--kube-api-qps``/``--kube-api-burst``), as docs/scale.md tells admins to."""
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class FleetSettings:
+    profile: str
+    """A built-in emulator profile name or a profile YAML file."""
+    nodes: int = 10
+    pods: int = 50
+    claim: str = "whole"
+    precreated: bool = False
+    """Claims made before the timed pods (else the pods' ResourceClaimTemplate)."""
+    fill: float = 0.0
+    """Fraction of the fleet's capacity for this claim shape allocated before timing."""
+    flags: DriverFlags = field(default_factory=DriverFlags)
+    timeout_s: float = 300.0
+    workers: int = 4
+    """Threads that create pods (and claims) at once."""
+
+
+@dataclass
+class FleetRun:
+    """The JSON summary plus what the checks need."""
+
+    summary: dict[str, Any]
+    pool: Pool
+    shape: Shape
+    devices: list[dict[str, Any]]
+    node_names: list[str]
+    timed: list[str]
+    fill: list[str]
+
+
+def _apply_deviceclasses(cluster: Cluster) -> None:
+    cluster.apply([yaml.safe_load(p.read_text()) for p in sorted(DEVICECLASSES.glob("*.yaml"))])
+
+
+def _pod(name: str, claim: str, *, template: bool) -> dict[str, Any]:
+    ref = {"resourceClaimTemplateName" if template else "resourceClaimName": claim}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": NAMESPACE},
+        "spec": {
+            "resourceClaims": [{"name": "gpu", **ref}],
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "registry.invalid/pause:1",
+                    "resources": {"claims": [{"name": "gpu"}]},
+                }
+            ],
+            "terminationGracePeriodSeconds": 0,
+        },
+    }
+
+
+def _in_parallel(fn: Callable[[str], None], names: Sequence[str], workers: int) -> None:
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="fleet") as ex:
+        for _ in ex.map(fn, names):
+            pass
+
+
+def _create_pods(
+    cluster: Cluster, names: Sequence[str], settings: FleetSettings, spec: dict[str, Any]
+) -> dict[str, float]:
+    """Create the pods (claims first when pre-created); POST time of each."""
+    if settings.precreated:
+
+        def claim(name: str) -> None:
+            body = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                    "metadata": {"name": name, "namespace": NAMESPACE}, "spec": spec}  # fmt: skip
+            cluster.rest.create(f"{RESOURCE}/namespaces/{NAMESPACE}/resourceclaims", body)
+
+        _in_parallel(claim, names, settings.workers)
+    created: dict[str, float] = {}
+
+    def pod(name: str) -> None:
+        pre = settings.precreated
+        body = _pod(name, name if pre else TEMPLATE, template=not pre)
+        created[name] = time.monotonic()
+        cluster.rest.create(f"/api/v1/namespaces/{NAMESPACE}/pods", body)
+
+    _in_parallel(pod, names, settings.workers)
+    return created
+
+
+def _node_maker(cluster: Cluster) -> Callable[[str], None]:
+    def make(name: str) -> None:
+        cluster.create_node(name)
+
+    return make
+
+
+def run_fleet(cluster: Cluster, settings: FleetSettings) -> FleetRun:
+    """Build the fleet on ``cluster`` and time ``settings.pods`` pods; never raises for
+    pods left unbound (``bound`` < ``pods`` says so)."""
+    began = time.monotonic()
+    _apply_deviceclasses(cluster)
+    pool = node_pool(settings.profile, settings.flags)
+    devices = api_devices(pool)
+    claim_shape = shape(settings.claim, devices)
+    if claim_shape.per_node(devices) == 0:
+        raise ValueError(
+            f"no device of a {settings.profile} node ({len(devices)} published with these "
+            f"flags) can satisfy --claim {settings.claim}; pods would never bind"
+        )
+    names = [f"fleet-{i:04d}" for i in range(settings.nodes)]
+    _in_parallel(_node_maker(cluster), names, settings.workers)
+    setup_s = time.monotonic() - began
+
+    t0 = time.monotonic()
+    client = KubeClient.from_kubeconfig(str(cluster.kubeconfig), pool_size=16)
+    try:
+        statuses = publish(client, names, pool)
+    finally:
+        client.close()
+    publish_s = time.monotonic() - t0
+    unsynced = [n for n, s in zip(names, statuses, strict=True) if not s.in_sync]
+    if unsynced:
+        raise RuntimeError(f"slices not published for {len(unsynced)} node(s): {unsynced[:5]}")
+    listed = cluster.rest.get(f"{RESOURCE}/resourceslices")["items"]
+    slice_bytes = sum(len(json.dumps(s, separators=(",", ":"))) for s in listed)
+
+    cluster.create_namespace(NAMESPACE)
+    spec = claim_shape.spec
+    if not settings.precreated:
+        cluster.rest.create(
+            f"{RESOURCE}/namespaces/{NAMESPACE}/resourceclaimtemplates",
+            {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+             "metadata": {"name": TEMPLATE, "namespace": NAMESPACE}, "spec": {"spec": spec}},
+        )  # fmt: skip
+    capacity = claim_shape.per_node(devices) * settings.nodes
+    fill = [f"fill-{i:05d}" for i in range(int(settings.fill * capacity))]
+    timed = [f"pod-{i:05d}" for i in range(settings.pods)]
+    watch = BindWatch(cluster, NAMESPACE)
+    watch.start()
+    try:
+        t0 = time.monotonic()
+        _create_pods(cluster, fill, settings, spec)
+        if not watch.wait(fill, settings.timeout_s):
+            raise RuntimeError(
+                f"--fill: {len(fill) - len(watch.bound)} of {len(fill)} pods not bound "
+                f"within {settings.timeout_s:.0f} s"
+            )
+        fill_s = time.monotonic() - t0
+        created = _create_pods(cluster, timed, settings, spec)
+        watch.wait(timed, settings.timeout_s)
+    finally:
+        watch.stop()
+    summary = {
+        "nodes": settings.nodes,
+        "pods": settings.pods,
+        **latencies(created, watch.bound),
+        **footprint(cluster),
+        "slice_bytes_per_node": round(slice_bytes / max(1, settings.nodes)),
+        "slices_per_node": round(len(listed) / max(1, settings.nodes), 2),
+        "devices_per_node": len(devices),
+        "profile": str(settings.profile),
+        "claim": claim_shape.name,
+        "claim_note": claim_shape.note,
+        "claims": "pre-created" if settings.precreated else "ResourceClaimTemplate",
+        "capacity_claims": capacity,
+        "fill_pods": len(fill),
+        "fill_s": round(fill_s, 2),
+        "setup_s": round(setup_s, 2),
+        "publish_s": round(publish_s, 2),
+        "client_qps": cluster.options.client_qps,
+        "client_burst": cluster.options.client_burst,
+        "load_average": [round(x, 2) for x in os.getloadavg()],
+        "driver": DRIVER,
+    }
+    return FleetRun(summary, pool, claim_shape, devices, names, timed, fill)

@@ -1,0 +1,108 @@
+"""The fleet bench at CI scale: 100 kubelet-less nodes on a real control plane, each
+publishing the driver's slices through the plugin's publisher, and pods with claims
+from ResourceClaimTemplates. Asserts every pod bound to devices its claim allows (on
+its node, no exclusive device twice) and every node's slices one complete pool of
+what the driver builds; no timing assertion. Each case starts its own control plane
+with the client QPS/burst docs/scale.md tells admins to set. ``DRA_FLEET_NODES``
+changes the node count for a local run."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from bench.fleet.checks import allocation_problems, published_problems
+from bench.fleet.claims import align_attribute, shape
+from bench.fleet.measure import latencies, rss_bytes
+from bench.fleet.pools import DriverFlags, api_devices, node_pool, slice_problems
+from bench.fleet.run import CLIENT_BURST, CLIENT_QPS, FleetSettings, run_fleet
+from dra_driver.devcluster import BinariesError, Cluster, ClusterOptions, find_binaries
+from dra_driver.gpu.consumable import ConsumableGpus
+from dra_driver.plugin.slices import slice_object, split_pool
+
+NODES = int(os.environ.get("DRA_FLEET_NODES", "100"))
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize(
+    ("profile", "claim"),
+    [("dgx-h100", "whole"), ("dgx-a100-mig", "mig:1g.10gb")],
+    ids=["whole-gpus-on-dgx-h100", "mig-1g-on-dgx-a100-mig"],
+)
+def test_every_pod_binds_to_an_allowed_device_and_every_slice_is_valid(
+    profile: str, claim: str
+) -> None:
+    pods = 2 * NODES  # a quarter of either fleet's capacity (8 per node)
+    try:
+        binaries = find_binaries()
+    except BinariesError as err:
+        pytest.fail(f"control-plane binaries unavailable: {err}", pytrace=False)
+    options = ClusterOptions(client_qps=CLIENT_QPS, client_burst=CLIENT_BURST)
+    settings = FleetSettings(profile=profile, nodes=NODES, pods=pods, claim=claim, timeout_s=120)
+    with (
+        tempfile.TemporaryDirectory(prefix="dra-fleet-test-") as work,
+        Cluster(binaries, Path(work), options) as cluster,
+    ):
+        run = run_fleet(cluster, settings)
+        print(json.dumps(run.summary))  # the figures, for docs/scale.md (pytest -s)
+        assert run.summary["bound"] == pods, cluster.log_tails()
+        assert allocation_problems(cluster, run) == []
+        assert published_problems(cluster, run) == []
+        cluster.check_running()
+
+
+def test_shapes_select_what_users_write_and_count_node_capacity() -> None:
+    h100 = api_devices(node_pool("dgx-h100", DriverFlags()))
+    assert shape("whole", h100).per_node(h100) == 8
+    # no NVLink domain and 4+4 NUMA: eight GPUs align only on the product name
+    assert align_attribute(h100) == "gpu.nvidia.com/productName"
+    assert shape("eight-aligned", h100).per_node(h100) == 1
+    mig = api_devices(node_pool("dgx-a100-mig", DriverFlags()))
+    assert shape("mig:1g.10gb", mig).spec["devices"]["requests"][0]["exactly"] == {
+        "deviceClassName": "mig.nvidia.com",
+        "selectors": [{"cel": {"expression": "device.attributes['gpu.nvidia.com'].profile "
+                               "== '1g.10gb'"}}],
+    }  # fmt: skip
+    shared = api_devices(node_pool("dgx-h100", DriverFlags(consumable=ConsumableGpus(all=True))))
+    assert shape("share:10Gi,25", shared).per_node(shared) == 8 * 4
+    assert shape("share:10Gi,25", h100).per_node(h100) == 0  # not published for sharing
+    with pytest.raises(ValueError, match="want whole, mig:PROFILE"):
+        shape("mig", h100)
+
+
+def test_latencies_span_first_creation_to_last_bind_and_ignore_unbound_pods() -> None:
+    created = {"a": 10.0, "b": 10.5, "c": 11.0}
+    bound = {"a": 10.2, "b": 11.5}
+    assert latencies(created, bound) == {
+        "bound": 2, "pods_per_s": round(2 / 1.5, 2), "p50_s": 0.6, "p99_s": 1.0,
+    }  # fmt: skip
+
+
+def test_rss_comes_from_the_pid_status_file(tmp_path: Path) -> None:
+    (tmp_path / "42").mkdir()
+    (tmp_path / "42" / "status").write_text("Name:\tetcd\nVmRSS:\t  2048 kB\n")
+    assert rss_bytes(42, tmp_path) == 2048 * 1024
+    assert rss_bytes(43, tmp_path) is None
+
+
+def test_a_half_written_or_foreign_pool_is_reported() -> None:
+    pool = node_pool("dgx-h100", DriverFlags())
+    content = split_pool(pool)[0]
+    good = slice_object(
+        driver="gpu.nvidia.com", node_name="n1", node_uid="u", index=0, generation=2,
+        count=1, content=content,
+    )  # fmt: skip
+    assert slice_problems([good], "n1", pool) == []
+    two = copy.deepcopy(good)
+    two["spec"]["pool"]["resourceSliceCount"] = 2
+    assert slice_problems([two], "n1", pool) == ["n1: 1 slices, resourceSliceCount [2]"]
+    fewer = copy.deepcopy(good)
+    fewer["spec"]["devices"].pop()
+    assert slice_problems([fewer], "n1", pool) == [
+        "n1: stored devices differ from the driver's pool"
+    ]
