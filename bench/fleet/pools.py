@@ -1,7 +1,7 @@
 """One node's pool, built once per run and published for every node.
 
 The driver's own code end to end: emulated discovery of the profile
-(:class:`~dra_driver.gpu.emulation.EmulatedNode`, once, not per node), the
+(:class:`~dra_driver.emulation.EmulatedNode`, once, not per node), the
 daemon's pool building (``build_pool`` + ``fractional_pool`` for
 ``--mig-mode``, ``--consumable-gpus`` and ``--mps-slots``), and the plugin's
 publisher (:class:`~dra_driver.plugin.publishing.SlicePublisher`) per node.
@@ -25,12 +25,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dra_driver.gpu.consumable import ConsumableGpus, MpsSlots
-from dra_driver.gpu.devices import build_pool
-from dra_driver.gpu.discovery import discover
-from dra_driver.gpu.emulation import EmulatedNode
-from dra_driver.gpu.partitions import MigMode
-from dra_driver.gpu.slots import fractional_pool
+from dra_driver.emulation import EmulatedNode
+from dra_driver.gpu.hardware.consumable import ConsumableGpus, MpsSlots
+from dra_driver.gpu.hardware.devices import build_pool
+from dra_driver.gpu.hardware.discovery import discover
+from dra_driver.gpu.hardware.partitions import MigMode
+from dra_driver.gpu.sharing.slots import fractional_pool
 from dra_driver.plugin.kubeclient import KubeClient
 from dra_driver.plugin.publishing import PublishStatus, SlicePublisher
 from dra_driver.plugin.resources import Pool

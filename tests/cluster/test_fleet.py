@@ -22,7 +22,7 @@ from bench.fleet.measure import latencies, rss_bytes
 from bench.fleet.pools import DriverFlags, api_devices, node_pool, slice_problems
 from bench.fleet.run import CLIENT_BURST, CLIENT_QPS, FleetSettings, run_fleet
 from dra_driver.devcluster import BinariesError, Cluster, ClusterOptions, find_binaries
-from dra_driver.gpu.consumable import ConsumableGpus
+from dra_driver.gpu.hardware.consumable import ConsumableGpus
 from dra_driver.plugin.slices import slice_object, split_pool
 
 NODES = int(os.environ.get("DRA_FLEET_NODES", "100"))
