@@ -31,11 +31,6 @@ IN_CLUSTER_SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 TOKEN_REREAD_S = 60.0
 """How long a token read from a file is used before the file is read again."""
 
-Configure = Callable[[Any, Path], None]
-"""Fills a ``kubernetes.client.Configuration``; the path is a private (0700) dir for
-the certificate files the library writes from inline kubeconfig data."""
-
-
 CERT_DIR_PREFIX = "dra-kubeclient-"
 
 
@@ -112,9 +107,15 @@ class TokenFile:
         cfg.refresh_api_key_hook = hook
 
 
+Configure = Callable[[Any, Path], TokenFile | None]
+"""Fills a ``kubernetes.client.Configuration``; the path is a private (0700) dir for
+the certificate files the library writes from inline kubeconfig data. Returns the
+:class:`TokenFile` it installed, if the token lives in a file."""
+
+
 class Credentials:
-    """A loader of the client's configuration and, where its token lives in a file, the
-    :class:`TokenFile` that keeps it current (None otherwise)."""
+    """A loader of the client's configuration and, once it ran, the :class:`TokenFile`
+    that keeps a token from a file current (None for other credentials)."""
 
     def __init__(self, configure: Configure, what: str) -> None:
         self._configure = configure
@@ -122,7 +123,7 @@ class Credentials:
         self.token_file: TokenFile | None = None
 
     def configure(self, cfg: Any, tmp: Path) -> None:
-        self._configure(cfg, tmp)
+        self.token_file = self._configure(cfg, tmp)
 
     def stale(self) -> None:
         """A 401: a token that came from a file is read again before the next request."""
@@ -134,7 +135,7 @@ def in_cluster(environ: Mapping[str, str], sa_dir: Path = IN_CLUSTER_SA_DIR) -> 
     """The pod's service account: ``KUBERNETES_SERVICE_HOST``/``_PORT`` from ``environ``
     (not this process's environment), its projected token re-read as it rotates."""
 
-    def configure(cfg: Any, _tmp: Path) -> None:
+    def configure(cfg: Any, _tmp: Path) -> TokenFile:
         from kubernetes.config.incluster_config import InClusterConfigLoader
 
         loader = InClusterConfigLoader(  # type: ignore[no-untyped-call]
@@ -143,18 +144,18 @@ def in_cluster(environ: Mapping[str, str], sa_dir: Path = IN_CLUSTER_SA_DIR) -> 
             environ=dict(environ),
         )
         loader.load_and_set(cfg)  # type: ignore[no-untyped-call]
-        creds.token_file = TokenFile((sa_dir / "token").read_text)
-        creds.token_file.install(cfg)
+        token = TokenFile((sa_dir / "token").read_text)
+        token.install(cfg)
+        return token
 
-    creds = Credentials(configure, f"in-cluster service account ({sa_dir})")
-    return creds
+    return Credentials(configure, f"in-cluster service account ({sa_dir})")
 
 
 def kubeconfig(paths: str, context: str | None = None) -> Credentials:
     """Kubeconfig file(s), ``:``-joined (the first naming an entry wins), as kubectl
     reads them; ``context`` None is their current-context."""
 
-    def configure(cfg: Any, tmp: Path) -> None:
+    def configure(cfg: Any, tmp: Path) -> TokenFile | None:
         from kubernetes.config.config_exception import ConfigException
         from kubernetes.config.kube_config import KubeConfigLoader, KubeConfigMerger
 
@@ -167,13 +168,14 @@ def kubeconfig(paths: str, context: str | None = None) -> Credentials:
         )  # fmt: skip
         loader.load_and_set(cfg)  # type: ignore[no-untyped-call]
         read = _token_file_reader(merged.config, context)
-        if read is not None:
-            creds.token_file = TokenFile(read)
-            creds.token_file.install(cfg)
+        if read is None:
+            return None
+        token = TokenFile(read)
+        token.install(cfg)
+        return token
 
     what = f"kubeconfig {paths}" + (f" (context {context})" if context else "")
-    creds = Credentials(configure, what)
-    return creds
+    return Credentials(configure, what)
 
 
 def for_server(server: str, token: str | None = None) -> Credentials:

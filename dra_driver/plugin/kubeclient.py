@@ -84,7 +84,6 @@ class KubeClient:
         if pool_size < 1:
             raise ValueError(f"pool_size: {pool_size}; want at least 1")
         self._credentials = credentials
-        self._what = credentials.what
         self._timeout_s = timeout_s
         self._pool_size = pool_size
         self._lock = threading.Lock()
@@ -133,11 +132,11 @@ class KubeClient:
             self._credentials.configure(cfg, self._tmp)
         except Exception as exc:  # the loaders raise ConfigException, OSError, ValueError...
             said = " ".join(str(exc).split())  # YAML errors span lines: one line for the log
-            raise KubeConfigError(f"cannot load the {self._what}: {said}") from exc
+            raise KubeConfigError(f"cannot load the {self._credentials.what}: {said}") from exc
         with contextlib.suppress(OSError):  # nothing written (no inline data): no dir left
             self._tmp.rmdir()  # behind a SIGKILL; the library makes it again if it must
         if not cfg.host:
-            raise KubeConfigError(f"the {self._what} names no API server")
+            raise KubeConfigError(f"the {self._credentials.what} names no API server")
         cfg.connection_pool_maxsize = self._pool_size
         cfg.retries = _retries()
         api = kubernetes.client.ApiClient(cfg)

@@ -64,7 +64,7 @@ except OSError as exc:
     print(f"{sys.argv[2]}: {exc.strerror}", file=sys.stderr)
     os._exit(127)
 """
-"""Run before each tool (``python -I -S -c``, ~15 ms): the tool is SIGKILLed when the
+"""Run before each tool (``python -I -S -c``, ~19 ms): the tool is SIGKILLed when the
 plugin dies. A tool left running by a SIGKILLed plugin would act later, on a GPU the
 restarted plugin has taken up again (a slow ``nvidia-smi -c DEFAULT`` landing under a
 new MPS daemon). A daemon the tool starts (``nvidia-cuda-mps-control -d``) forks, and a
