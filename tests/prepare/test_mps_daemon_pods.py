@@ -144,12 +144,14 @@ def test_a_daemon_container_that_dies_is_restarted_with_its_limits(
     p.prepare(mps_claim())
     (pid,) = live(node)
     os.kill(pid, signal.SIGKILL)  # its control pipe stays behind
-    wait_until(
-        lambda: len(live(node)) == 1 and live(node) != [pid],
-        timeout=20,
-        what="the kubelet restarted the daemon's container",
-    )
-    (new,) = live(node)
+
+    def restarted() -> int | None:
+        # One snapshot per look: a SIGKILLed process lingers a moment before it is gone,
+        # so two snapshots can see it and then nothing.
+        now = live(node)
+        return now[0] if len(now) == 1 and now != [pid] else None
+
+    new = wait_until(restarted, timeout=20, what="the kubelet restarted the daemon's container")
     wait_until(
         lambda: len(daemon_commands(node, new)) == 2,
         timeout=20,
