@@ -29,6 +29,7 @@ from tests.cluster.test_allocation import (
     allocation,
     apply_deviceclasses,
     attr,
+    cap,
     claim_and_pod,
     emulated_inventory,
     request,
@@ -210,3 +211,45 @@ def test_large_and_mixed_pools_are_valid_for_the_scheduler(
     )
     ((_, _, whole),) = allocation(cluster, ns, f"whole-{profile}")
     assert whole != seven[0][2].split("-mig-")[0]
+
+
+STD = "device.attributes['resource.kubernetes.io']"
+NVIDIA_MIG_SELECTORS = [
+    # Every attribute and capacity NVIDIA's driver publishes on a MIG device: a claim
+    # written for it may read any of them, and a missing one aborts scheduling.
+    f"{attr('type')} == 'mig' && {attr('profile')} == '1g.10gb'",
+    f"{attr('parentUUID')}.startsWith('GPU-') && {attr('brand')} == 'Nvidia'",
+    f"{attr('productName')}.contains('A100') && {attr('architecture')} == 'Ampere'",
+    f"{attr('cudaComputeCapability')}.isGreaterThan(semver('7.5.0'))",
+    f"{attr('driverVersion')}.isGreaterThan(semver('550.0.0'))",
+    f"{attr('cudaDriverVersion')}.isGreaterThan(semver('12.0.0'))",
+    f"{STD}.pciBusID.startsWith('0000:') && {STD}.pcieRoot.startsWith('pci')",
+    f"{cap('memory')}.compareTo(quantity('9Gi')) >= 0",
+    " && ".join(
+        f"{cap(c)}.compareTo(quantity('{v}')) >= 0"
+        for c, v in [
+            ("multiprocessors", "14"),
+            ("copyEngines", "1"),
+            ("decoders", "0"),
+            ("encoders", "0"),
+            ("jpegEngines", "0"),
+            ("ofaEngines", "0"),
+        ]
+    ),
+]
+
+
+def test_claims_written_for_nvidias_driver_match_the_dynamic_pool(
+    cluster: Cluster, cluster_namespace: str, classes: None, tmp_path: Path
+) -> None:
+    """The counters left out and the memorySlice capacities dropped are nothing such a
+    claim reads: it binds, and seven of them fill the GPU exactly as the hardware does."""
+    node, _ = publish_dynamic(cluster, one_gpu_profile(tmp_path, "A100-SXM4-80GB"))
+    ns = cluster_namespace
+    for i in range(8):
+        claim_and_pod(
+            cluster, ns, f"nv-{i}", [request("mig", MIG, *NVIDIA_MIG_SELECTORS)], on(node)
+        )
+    placed = [allocation(cluster, ns, f"nv-{i}") for i in range(7)]
+    assert sorted(d for ((_, _, d),) in placed) == [f"gpu-0-mig-1g10gb-19-{s}" for s in range(7)]
+    stays_unallocated(cluster, ns, "nv-7")  # as on the GPU: no eighth 1g.10gb

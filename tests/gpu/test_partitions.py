@@ -14,6 +14,7 @@ from dra_driver.emulation.migstate import MigState
 from dra_driver.gpu.hardware.devices import build_pool
 from dra_driver.gpu.hardware.partitions import (
     MigPartition,
+    available,
     capacity,
     partitions,
     partitions_by_name,
@@ -25,6 +26,7 @@ from dra_driver.plugin.slices import (
     split_pool,
     validate_pool,
 )
+from dra_driver.quantity import parse
 
 DRIVER = "gpu.nvidia.com"
 A100_GPU0 = [
@@ -50,19 +52,25 @@ def test_dgx_a100_in_mig_mode_offers_26_devices_per_gpu(make_node, discover_node
     assert names[26:52] == [n.replace("gpu-0", "gpu-1", 1) for n in A100_GPU0]
     (gpu0_set, *_) = pool.counter_sets
     assert gpu0_set.name == "gpu-0-counter-set"
+    # SMs, copy engines and memory are left out: no set of placements on distinct memory
+    # slices can overdraw them (the exhaustive test below proves nothing is lost).
+    # Decoders stay: seven +me placements would take 7 of 5 (their instance counter
+    # forbids that, but the bound ignores other counters and only keeps too much).
     assert gpu0_set.counters == {
         **{f"memory-slice-{i}": "1" for i in range(8)},
-        "multiprocessors": "98", "copy-engines": "7", "decoders": "5", "jpeg-engines": "1",
-        "ofa-engines": "1", "memory": "79Gi", "profile-20-instances": "1",
+        "decoders": "5", "jpeg-engines": "1", "ofa-engines": "1", "profile-20-instances": "1",
     }  # fmt: skip
     by_name = {d.name: d for d in pool.devices}
     assert by_name["gpu-0-mig-2g20gb-14-2"].consumes_counters == (
         CounterConsumption(
-            "gpu-0-counter-set",
-            {"copy-engines": "2", "decoders": "1", "memory": "19968Mi", "memory-slice-2": "1",
-             "memory-slice-3": "1", "multiprocessors": "28"},
+            "gpu-0-counter-set", {"decoders": "1", "memory-slice-2": "1", "memory-slice-3": "1"}
         ),
-    )  # fmt: skip
+    )
+    assert by_name["gpu-0-mig-1g10gb-19-6"].consumes_counters == (
+        CounterConsumption("gpu-0-counter-set", {"memory-slice-6": "1"}),
+    )
+    # No memorySlice<i> capacities on dynamic devices: the counters place them.
+    assert not any(c.startswith("memorySlice") for d in pool.devices for c in d.capacity)
     # The whole GPU takes every counter of its own set, nothing of another GPU's.
     (whole,) = by_name["gpu-3"].consumes_counters
     assert whole.counter_set == "gpu-3-counter-set" and whole.counters == gpu0_set.counters
@@ -85,7 +93,10 @@ def test_dynamic_devices_carry_the_static_attributes_without_a_uuid(
     expected["resource.kubernetes.io/numaNode"] = 1
     expected["resource.kubernetes.io/pciBusID"] = "0000:90:00.0"
     assert offered.attributes == expected and "uuid" not in offered.attributes
-    assert offered.capacity == made.capacity  # memory, SMs, engines, memorySlice4..7
+    # memory, SMs, engines; the static device's memorySlice4..7 are the counters' job here
+    assert offered.capacity == {
+        k: v for k, v in made.capacity.items() if not k.startswith("memorySlice")
+    }
     assert len(offered.attributes) + len(offered.capacity) <= MAX_ATTRIBUTES_AND_CAPACITIES
     # The whole GPU: a plain GPU's attributes, the figures of the instance that spans it.
     whole = dynamic["gpu-5"]
@@ -113,8 +124,11 @@ def test_gpus_without_mig_mode_stay_plain_on_a_mixed_node(make_node, discover_no
     for device in pool.devices[-3:]:  # the H100 with MIG off and the two L4s: untouched
         assert device == plain[device.name] and not device.consumes_counters
     assert {d.attributes["productName"] for d in pool.devices[-2:]} == {"NVIDIA L4"}
-    h100 = pool.counter_sets[0].counters
-    assert (h100["multiprocessors"], h100["decoders"], h100["jpeg-engines"]) == ("132", "7", "7")
+    h100 = capacity(inventory.gpus[0])
+    assert (h100["multiprocessors"], h100["decoders"], h100["jpeg-engines"]) == (132, 7, 7)
+    published = pool.counter_sets[0].counters  # what can bind, at the same figures
+    assert published == {c: str(v) for c, v in h100.items() if c in published}
+    assert "multiprocessors" not in published and "memory-slice-7" in published
     validate_pool(pool)
 
 
@@ -142,8 +156,12 @@ def test_instances_we_did_not_create_are_kept_and_worked_around(
         "gpu-0-mig-2g20gb-14-2",
     ]  # fmt: skip
     (counters,) = pool.counter_sets
-    assert "ofa-engines" not in counters.counters  # the +me instance holds the only one
-    assert counters.counters["decoders"] == "3"  # 5 - 1 (+me) - 1 (2g.20gb)
+    left = available(inventory.gpus[0]).counters
+    assert "ofa-engines" not in left  # the +me instance holds the only one
+    assert left["decoders"] == 3  # 5 - 1 (+me) - 1 (2g.20gb)
+    # What fits around them takes at most 2 decoders: the counter is not published.
+    assert "decoders" not in counters.counters
+    assert set(counters.counters) == {f"memory-slice-{i}" for i in (0, 2, 3, 6, 7)}
     # Once those instances are known as ours (in the checkpoint) they are partitions again.
     owned = [(inventory.gpus[0].uuid, 20, 1), (inventory.gpus[0].uuid, 14, 4)]
     mine = build_pool(inventory, driver_name=DRIVER, mig_mode="dynamic", owned=owned)
@@ -162,16 +180,26 @@ def test_counters_allow_exactly_what_the_hardware_allows(
         'name: one\ndriverVersion: "580.95.05"\ncudaDriverVersion: 13000\ngpus:\n'
         f"  - {{model: {model}, busId: '0000:07:00.0', pcieRoot: pci0000:00, migEnabled: true}}\n"
     )
-    (gpu,) = discover_node(make_node(profile)).gpus
+    inventory = discover_node(make_node(profile))
+    (gpu,) = inventory.gpus
     parts = [p for p in partitions(gpu) if not p.whole_gpu]
-    cap = capacity(gpu)
+    # What is published, not the model: the counters left after the ones no set of
+    # slice-disjoint placements can overdraw were dropped.
+    pool = build_pool(inventory, driver_name=DRIVER, mig_mode="dynamic")
+    (counter_set,) = pool.counter_sets
+    cap = {c: int(parse(v)) for c, v in counter_set.counters.items()}
+    published = {
+        d.name: {c: int(parse(v)) for c, v in d.consumes_counters[0].counters.items()}
+        for d in pool.devices
+    }
+    assert set(capacity(gpu)) - set(cap)  # some counter was dropped, or this proves nothing
 
     by_counters: set[frozenset[str]] = set()
 
     def fit(i: int, used: dict[str, int], chosen: tuple[str, ...]) -> None:
         by_counters.add(frozenset(chosen))
         for j in range(i, len(parts)):
-            need = parts[j].consumes()
+            need = published[parts[j].name]
             if all(used.get(c, 0) + v <= cap[c] for c, v in need.items()):
                 more = {c: used.get(c, 0) + need.get(c, 0) for c in cap}
                 fit(j + 1, more, (*chosen, parts[j].name))

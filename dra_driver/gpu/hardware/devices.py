@@ -61,6 +61,7 @@ from dra_driver.gpu.hardware.partitions import (
     MigPartition,
     OwnedInstance,
     available,
+    binding_counters,
     counter_set_name,
     foreign_instances,
 )
@@ -204,14 +205,27 @@ def _mig_figures(p: MigProfile) -> dict[str, Capacity]:
 
 
 def partition_device(
-    part: MigPartition, inventory: Inventory, numa_form: NumaAttributeForm = "scalar"
+    part: MigPartition,
+    inventory: Inventory,
+    numa_form: NumaAttributeForm = "scalar",
+    counters: Collection[str] | None = None,
 ) -> Device:
-    """A dynamic MIG device: the static device's attributes (no UUID yet) plus counters."""
+    """A dynamic MIG device: the static device's attributes (no UUID yet) plus the
+    ``counters`` it consumes (default all; :func:`binding_counters` says which matter).
+
+    No ``memorySlice<i>`` capacities (NVIDIA's dynamic devices have none either): the
+    memory-slice counters already say where it sits, and each entry costs every
+    control-plane component memory on every node.
+    """
     gpu = part.parent
     use = (
         CounterConsumption(
             counter_set_name(gpu),
-            {c: _counter_quantity(c, v) for c, v in sorted(part.consumes().items())},
+            {
+                c: _counter_quantity(c, v)
+                for c, v in sorted(part.consumes().items())
+                if counters is None or c in counters
+            },
         ),
     )
     if part.whole_gpu:  # no nvlinkDomain: in MIG mode there is no NVLink peer-to-peer
@@ -230,8 +244,6 @@ def partition_device(
         **_common(gpu, inventory, numa_form),
     }
     capacity = _mig_figures(part.profile)
-    for memory_slice in range(part.placement.start, part.placement.start + part.placement.size):
-        capacity[f"memorySlice{memory_slice}"] = Capacity("1")
     return Device(name=part.name, attributes=attrs, capacity=capacity, consumes_counters=use)
 
 
@@ -260,10 +272,11 @@ def gpu_devices(
         for m in gpu.mig_instances
         if (m.gi_id, m.placement.start) in foreign
     ]
-    devices += [partition_device(part, inventory, numa_form) for part in offer.partitions]
+    keep = binding_counters(offer)
+    devices += [partition_device(part, inventory, numa_form, keep) for part in offer.partitions]
     if not offer.partitions:  # fully taken by others' instances: no counters to share
         return devices, []
-    counters = {c: _counter_quantity(c, v) for c, v in sorted(offer.counters.items())}
+    counters = {c: _counter_quantity(c, v) for c, v in sorted(offer.counters.items()) if c in keep}
     return devices, [CounterSet(counter_set_name(gpu), counters)]
 
 

@@ -199,6 +199,36 @@ def available(gpu: Gpu, owned: Collection[OwnedInstance] = ()) -> DynamicGpu:
     return DynamicGpu(counters={c: v for c, v in counters.items() if v > 0}, partitions=fits)
 
 
+def binding_counters(offer: DynamicGpu) -> frozenset[str]:
+    """The counters worth publishing: memory slices, and every other counter that some
+    set of slice-disjoint partitions could overdraw.
+
+    Memory slices already keep overlapping placements apart; a counter that no set of
+    non-overlapping placements can exceed (SMs, copy engines, memory on the GPUs NVML
+    describes) adds nothing the allocator needs, only bytes every control-plane
+    component holds per device. The bound is exact for slice-disjointness (a max-weight
+    set of intervals) and ignores the other counters, so it can only keep too much.
+    """
+    parts = [p for p in offer.partitions if not p.whole_gpu]
+    used = {c for p in offer.partitions for c in p.consumes()}
+    keep = {c for c in used if c.startswith("memory-slice-")}
+    end = max((p.placement.start + p.placement.size for p in parts), default=0)
+    for counter in used - keep:
+        best = [0] * (end + 1)  # best[i]: the most of it placements within [i, end) take
+        for i in range(end - 1, -1, -1):
+            best[i] = max(
+                [best[i + 1]]
+                + [
+                    p.consumes().get(counter, 0) + best[i + p.placement.size]
+                    for p in parts
+                    if p.placement.start == i
+                ]
+            )
+        if best[0] > offer.counters.get(counter, 0):
+            keep.add(counter)
+    return frozenset(keep)
+
+
 def partitions_by_name(
     gpus: Iterable[Gpu], owned: Collection[OwnedInstance] = ()
 ) -> dict[str, MigPartition]:
