@@ -15,6 +15,7 @@ import logging
 import shutil
 import ssl
 import time
+import urllib.request
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -72,6 +73,7 @@ class Cluster:
         self._certs: ClusterCerts | None = None
         self._rest: ToolClient | None = None
         self._ssl: ssl.SSLContext | None = None
+        self._ports: dict[str, int] = {}
         self._components: list[Component] = []
         self.server = ""
         self.startup_times: StartupTimes | None = None
@@ -113,6 +115,11 @@ class Cluster:
         self.log_dir.mkdir(exist_ok=True)
         certs = self._certs = generate_certs(self.workdir / "pki")
         etcd_client, etcd_peer, api_port, sched_port, kcm_port = free_loopback_ports(5)
+        self._ports = {
+            "kube-apiserver": api_port,
+            "kube-scheduler": sched_port,
+            "kube-controller-manager": kcm_port,
+        }
         self.server = f"https://127.0.0.1:{api_port}"
         etcd_url = f"http://127.0.0.1:{etcd_client}"
         etcd = self._component(
@@ -184,6 +191,13 @@ class Cluster:
 
     def _https_ok(self, port: int, path: str) -> tuple[bool, str]:
         return http_ok(f"https://127.0.0.1:{port}{path}", self._ssl)
+
+    def heap_profile(self, component: str, timeout: float = 60.0) -> bytes:
+        """``/debug/pprof/heap`` of a running component (``ClusterOptions(profiling=True)``):
+        the gzipped pprof protobuf ``go tool pprof`` reads, after a forced GC."""
+        url = f"https://127.0.0.1:{self._ports[component]}/debug/pprof/heap?gc=1"
+        with urllib.request.urlopen(url, timeout=timeout, context=self._ssl) as resp:
+            return bytes(resp.read())
 
     def stop(self) -> None:
         """Stop every component (newest first) by PID; drop etcd data, keep logs."""

@@ -46,6 +46,16 @@ class ClusterOptions:
     binding and an event, so the default caps a busy cluster (docs/scale.md)."""
     client_burst: int | None = None
     """``--kube-api-burst`` of both; None keeps their defaults (100 and 30)."""
+    profiling: bool = False
+    """Serve ``/debug/pprof`` on every component (heap profiles of a fleet run: what the
+    control plane holds per node); the scheduler's and controller manager's without
+    authentication, as their health endpoints are. Off by default, as upstream advises."""
+
+    def profiling_args(self, *, delegated: bool) -> list[str]:
+        args = [f"--profiling={str(self.profiling).lower()}"]
+        if self.profiling and delegated:
+            args.append("--authorization-always-allow-paths=/healthz,/readyz,/livez,/debug/pprof/*")
+        return args
 
     def client_args(self) -> list[str]:
         """The client rate-limit flags both API clients of the control plane get."""
@@ -114,7 +124,7 @@ def apiserver_argv(
         f"--disable-admission-plugins={','.join(disabled_admission)}",
         # No lease reconciler: it refuses the loopback advertise address.
         "--endpoint-reconciler-type=none",
-        "--profiling=false",
+        *options.profiling_args(delegated=False),
         f"--v={options.verbosity}",
         *options.gate_args(),
         *([f"--runtime-config={runtime_config}"] if runtime_config else []),
@@ -131,6 +141,7 @@ def _serving(options: ClusterOptions, certs: ClusterCerts, kubeconfig: Path) -> 
         f"--v={options.verbosity}",
         *options.gate_args(),
         *options.client_args(),
+        *options.profiling_args(delegated=True),
     ]
 
 
