@@ -3,6 +3,7 @@ publishing the driver's slices, and ``--pods`` pods with claims; prints how fast
 they bind and what the control plane costs. See docs/scale.md.
 
     python -m bench.fleet --nodes 20 --pods 100 --profile dgx-h100 --claim whole -o json
+    python -m bench.fleet.series --repeat 3 -- --nodes 20 --pods 150 --claim whole
 """
 
 from __future__ import annotations
@@ -48,6 +49,13 @@ def parser() -> argparse.ArgumentParser:
         help="fraction of the fleet's capacity for this claim allocated before "
         "the timed pods (default 0)",
     )
+    p.add_argument(
+        "--shape",
+        choices=("driver", "minimal"),
+        default="driver",
+        help="publish the driver's pool, or the same devices and counters with one "
+        "attribute each and the claim rewritten onto it (default %(default)s)",
+    )
     p.add_argument("--mig-mode", choices=("static", "dynamic"), default="static")
     p.add_argument("--consumable-gpus", type=consumable_gpus, default="none")
     p.add_argument("--mps-slots", type=mps_slots, default="none")
@@ -85,6 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         precreated=args.precreated,
         fill=args.fill,
         flags=DriverFlags(args.mig_mode, args.consumable_gpus, args.mps_slots),
+        shape=args.shape,
         timeout_s=args.timeout,
     )
     options = ClusterOptions(

@@ -1,15 +1,57 @@
 """After a run: every bound pod's claim is allocated to devices its shape allows, on
 the pod's node, no exclusive device twice; every node's slices are one complete,
-current pool of what the driver builds. Each function returns problems (empty = ok)."""
+current pool of what was published. Each function returns problems (empty = ok).
+
+An allocated device is checked twice: against the pool as published (its
+DeviceClass's and request's CEL selectors, evaluated by :mod:`dra_driver.cel`
+on the published device: the minimal one for ``--shape minimal``), and by the
+shape's predicate on the driver's device of that name (what the user asked
+for; a minimal device is that device with fewer fields)."""
 
 from __future__ import annotations
 
 from collections import Counter
 from typing import Any
 
-from bench.fleet.pools import DRIVER, slice_problems
+from bench.fleet.pools import DRIVER, api_devices, slice_problems
 from bench.fleet.run import NAMESPACE, RESOURCE, FleetRun
+from dra_driver.cel import CelError, SelectorEvaluator, cel_device
 from dra_driver.devcluster import Cluster
+
+
+def request_selectors(
+    spec: dict[str, Any], classes: list[dict[str, Any]]
+) -> dict[str, tuple[str, ...]]:
+    """Result request name (``gpu``, ``gpu/big``) -> the CEL selectors its device must
+    pass: its DeviceClass's, then its own."""
+    by_class = {
+        c["metadata"]["name"]: [s["cel"]["expression"] for s in c["spec"].get("selectors") or ()]
+        for c in classes
+    }
+    out: dict[str, tuple[str, ...]] = {}
+    for req in spec["devices"]["requests"]:
+        subs = [(req["name"], req["exactly"])] if "exactly" in req else [
+            (f"{req['name']}/{sub['name']}", sub) for sub in req["firstAvailable"]
+        ]  # fmt: skip
+        for name, exactly in subs:
+            own = [s["cel"]["expression"] for s in exactly.get("selectors") or ()]
+            out[name] = (*by_class[exactly["deviceClassName"]], *own)
+    return out
+
+
+def selector_problem(
+    evaluator: SelectorEvaluator, selectors: tuple[str, ...], device: dict[str, Any]
+) -> str | None:
+    """Why ``device`` (as published) fails ``selectors``; None when it passes them all."""
+    try:
+        for expression in selectors:
+            if not evaluator.matches(
+                expression, device["name"], lambda: cel_device(DRIVER, device)
+            ):
+                return f"fails {expression!r} as published"
+    except CelError as err:
+        return f"CEL error as published: {err}"
+    return None
 
 
 def _claim_name(pod: dict[str, Any]) -> str | None:
@@ -29,6 +71,9 @@ def allocation_problems(cluster: Cluster, run: FleetRun) -> list[str]:
         for c in cluster.rest.get(f"{RESOURCE}/namespaces/{NAMESPACE}/resourceclaims")["items"]
     }
     by_name = {d["name"]: d for d in run.devices}
+    published = {d["name"]: d for d in api_devices(run.pool)}
+    selectors = request_selectors(run.spec, run.classes)
+    evaluator = SelectorEvaluator()
     problems: list[str] = []
     used: Counter[tuple[str, str]] = Counter()
     for pod in pods:
@@ -43,8 +88,17 @@ def allocation_problems(cluster: Cluster, run: FleetRun) -> list[str]:
         results = allocation["devices"]["results"]
         devs = [by_name.get(r["device"], {}) for r in results]
         for r in results:
-            if r["driver"] != DRIVER or r["pool"] != node or r["device"] not in by_name:
+            if r["driver"] != DRIVER or r["pool"] != node or r["device"] not in published:
                 problems.append(f"{name}: on {node} got {r['driver']}/{r['pool']}/{r['device']}")
+                continue
+            wanted = selectors.get(r["request"])
+            why = (
+                f"is not a request of {run.shape.name}"
+                if wanted is None
+                else selector_problem(evaluator, wanted, published[r["device"]])
+            )
+            if why:
+                problems.append(f"{name}: {r['device']} for request {r['request']} {why}")
             used[(r["pool"], r["device"])] += 1
         if not run.shape.allows(results, devs):
             got = ", ".join(r["device"] for r in results)

@@ -2,8 +2,10 @@
 
 Each shape is the ``spec`` of a ResourceClaim (in a ResourceClaimTemplate, or
 pre-created), a Python predicate that says whether an allocation satisfies it
-(for the CI check: every pod bound to devices its claim allows), and how many
-such claims one node's pool holds (for ``--fill``).
+(for the CI check: every pod bound to devices its claim allows), and its form
+for ``--shape minimal`` (:class:`Minimal`): the same request with the
+DeviceClass's test and the selector rewritten onto the one attribute a minimal
+device carries. How many claims a node holds is :mod:`bench.fleet.capacity`'s.
 
 =================  ==========================================================
 ``whole``          one GPU (class ``gpu.nvidia.com``) with at least 40Gi memory
@@ -13,6 +15,11 @@ such claims one node's pool holds (for ``--fill``).
 ``eight-aligned``  eight GPUs with ``matchAttribute`` on a topology attribute
 ``first-available`` ``firstAvailable``: a GPU with 80Gi, else any GPU, else a MIG device
 =================  ==========================================================
+
+On the minimal pool the DeviceClasses select only ``device.driver``
+(:func:`bench.fleet.minimal.minimal_classes`): a class reading ``type`` would
+force a second attribute on ``mig:`` devices. ``eight-aligned`` has no minimal
+form: it needs ``type`` and the aligned attribute.
 """
 
 from __future__ import annotations
@@ -58,6 +65,28 @@ def _memory_at_least(quantity: str) -> Callable[[Obj], bool]:
     return lambda d: _is(d, "gpu") and _memory(d) >= floor
 
 
+TYPE = f"device.attributes['{DRIVER}'].type"
+
+
+def _memory_selector(quantity: str) -> str:
+    return f"device.capacity['{DRIVER}'].memory.compareTo(quantity('{quantity}')) >= 0"
+
+
+@dataclass(frozen=True)
+class Minimal:
+    """A shape on the minimal pool: every device carries only ``attribute``."""
+
+    attribute: str
+    """The one driver-domain attribute (``type`` or ``profile``) kept on every device."""
+    spec: Obj
+    """``ResourceClaim.spec`` with the selectors rewritten onto ``attribute``."""
+    only_type: str | None = None
+    """Devices of another ``type`` carry ``attribute`` empty, so ``profile == 'P'``
+    rejects a GPU whose driver ``profile`` is P (dynamic MIG) as the mig class did."""
+    capacities: tuple[str, ...] = ()
+    """Capacities the selectors read; kept on exclusive devices (shared ones keep all)."""
+
+
 @dataclass(frozen=True)
 class Shape:
     """One ``--claim`` value."""
@@ -66,9 +95,9 @@ class Shape:
     spec: Obj
     """``ResourceClaim.spec``."""
     allows: Callable[[Sequence[Obj], Sequence[Obj]], bool]
-    """``(allocation results, their devices as published)`` -> satisfied."""
-    per_node: Callable[[Sequence[Obj]], int]
-    """How many such claims one node's devices hold."""
+    """``(allocation results, the driver's devices of those names)`` -> satisfied."""
+    minimal: Minimal | None
+    """Its ``--shape minimal`` form; None where one attribute cannot express it."""
     note: str = ""
 
 
@@ -90,12 +119,13 @@ def _one(name: str, exactly: Obj, constraints: Sequence[Obj] = ()) -> Obj:
 
 def whole() -> Shape:
     ok = _memory_at_least("40Gi")
-    sel = f"device.capacity['{DRIVER}'].memory.compareTo(quantity('40Gi')) >= 0"
+    sel = _memory_selector("40Gi")
+    minimal = _exactly(GPU_CLASS, selector=f"{TYPE} == 'gpu' && {sel}")
     return Shape(
         "whole",
         _one("gpu", _exactly(GPU_CLASS, selector=sel)),
         allows=lambda results, devs: len(devs) == 1 and ok(devs[0]),
-        per_node=lambda devs: sum(map(ok, devs)),
+        minimal=Minimal("type", _one("gpu", minimal), capacities=("memory",)),
     )
 
 
@@ -104,11 +134,12 @@ def mig(profile: str) -> Shape:
         return _is(d, "mig") and _attr(d, "profile") == profile
 
     sel = f"device.attributes['{DRIVER}'].profile == '{profile}'"
+    spec = _one("mig", _exactly(MIG_CLASS, selector=sel))
     return Shape(
         f"mig:{profile}",
-        _one("mig", _exactly(MIG_CLASS, selector=sel)),
+        spec,
         allows=lambda results, devs: len(devs) == 1 and ok(devs[0]),
-        per_node=lambda devs: sum(map(ok, devs)),
+        minimal=Minimal("profile", spec, only_type="mig"),
     )
 
 
@@ -127,11 +158,12 @@ def share(memory: str, compute: str) -> Shape:
         used = results[0].get("consumedCapacity") or {}
         return all(parse(used.get(k, "0")) >= parse(v) for k, v in want.items())
 
+    minimal = _exactly(GPU_CLASS, selector=f"{TYPE} == 'gpu'", capacity={"requests": dict(want)})
     return Shape(
         f"share:{memory},{compute}",
         _one("gpu", _exactly(GPU_CLASS, capacity={"requests": dict(want)})),
         allows=allows,
-        per_node=lambda devs: sum(map(fits, devs)),
+        minimal=Minimal("type", _one("gpu", minimal)),
         note="needs --consumable-gpus",
     )
 
@@ -154,16 +186,12 @@ def eight_aligned(devices: Sequence[Obj]) -> Shape:
         values = {_attr(d, attr) for d in devs}
         return len(names) == 8 and all(_is(d, "gpu") for d in devs) and len(values) == 1
 
-    def per_node(devs: Sequence[Obj]) -> int:
-        groups = Counter(_attr(d, attr) for d in devs if _is(d, "gpu"))
-        return sum(n // 8 for v, n in groups.items() if v is not None)
-
     constraint = {"requests": ["gpus"], "matchAttribute": attr}
     return Shape(
         "eight-aligned",
         _one("gpus", _exactly(GPU_CLASS, count=8), [constraint]),
         allows=allows,
-        per_node=per_node,
+        minimal=None,
         note=f"matchAttribute {attr}",
     )
 
@@ -171,10 +199,15 @@ def eight_aligned(devices: Sequence[Obj]) -> Shape:
 def first_available() -> Shape:
     big = _memory_at_least("80Gi")
     subrequests = [
-        {"name": "big", **_exactly(GPU_CLASS, selector=(
-            f"device.capacity['{DRIVER}'].memory.compareTo(quantity('80Gi')) >= 0"))},
+        {"name": "big", **_exactly(GPU_CLASS, selector=_memory_selector("80Gi"))},
         {"name": "any", **_exactly(GPU_CLASS)},
         {"name": "mig", **_exactly(MIG_CLASS)},
+    ]
+    minimal = [
+        {"name": "big", **_exactly(GPU_CLASS, selector=(
+            f"{TYPE} == 'gpu' && {_memory_selector('80Gi')}"))},
+        {"name": "any", **_exactly(GPU_CLASS, selector=f"{TYPE} == 'gpu'")},
+        {"name": "mig", **_exactly(MIG_CLASS, selector=f"{TYPE} == 'mig'")},
     ]  # fmt: skip
     checks: dict[str, Callable[[Obj], bool]] = {
         "big": big,
@@ -188,12 +221,14 @@ def first_available() -> Shape:
         sub = str(results[0].get("request", "")).partition("/")[2]
         return sub in checks and checks[sub](devs[0])
 
+    def spec(alternatives: list[Obj]) -> Obj:
+        return {"devices": {"requests": [{"name": "gpu", "firstAvailable": alternatives}]}}
+
     return Shape(
         "first-available",
-        {"devices": {"requests": [{"name": "gpu", "firstAvailable": subrequests}]}},
+        spec(subrequests),
         allows=allows,
-        per_node=lambda devs: sum(_is(d, "gpu") or _is(d, "mig") for d in devs),
-        note="per_node ignores MIG devices that overlap a busy GPU",
+        minimal=Minimal("type", spec(minimal), capacities=("memory",)),
     )
 
 

@@ -12,12 +12,14 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 
+from bench.fleet.capacity import node_capacity
 from bench.fleet.claims import Shape, shape
 from bench.fleet.measure import BindWatch, footprint, latencies
+from bench.fleet.minimal import minimal_classes, minimal_pool
 from bench.fleet.pools import DRIVER, DriverFlags, api_devices, node_pool, publish
 from dra_driver.devcluster import Cluster
 from dra_driver.plugin.kubeclient import KubeClient
@@ -32,6 +34,8 @@ CLIENT_QPS = 1000
 CLIENT_BURST = 2000
 """What ``bench.fleet`` gives kube-scheduler and kube-controller-manager
 (``--kube-api-qps``/``--kube-api-burst``), as docs/scale.md tells admins to."""
+
+PoolShape = Literal["driver", "minimal"]
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +52,8 @@ class FleetSettings:
     fill: float = 0.0
     """Fraction of the fleet's capacity for this claim shape allocated before timing."""
     flags: DriverFlags = field(default_factory=DriverFlags)
+    shape: PoolShape = "driver"
+    """``minimal``: publish :func:`~bench.fleet.minimal.minimal_pool` instead (docs/scale.md)."""
     timeout_s: float = 300.0
     workers: int = 4
     """Threads that create pods (and claims) at once."""
@@ -59,15 +65,34 @@ class FleetRun:
 
     summary: dict[str, Any]
     pool: Pool
+    """What every node published (the minimal pool for ``--shape minimal``)."""
     shape: Shape
+    spec: dict[str, Any]
+    """The claims' spec as created (the minimal form for ``--shape minimal``)."""
+    classes: list[dict[str, Any]]
+    """The DeviceClasses as applied."""
     devices: list[dict[str, Any]]
+    """The driver's devices of one node; a minimal pool's are these names, fewer fields."""
     node_names: list[str]
     timed: list[str]
     fill: list[str]
 
 
-def _apply_deviceclasses(cluster: Cluster) -> None:
-    cluster.apply([yaml.safe_load(p.read_text()) for p in sorted(DEVICECLASSES.glob("*.yaml"))])
+def deviceclasses() -> list[dict[str, Any]]:
+    """The chart's DeviceClasses, as ``deploy/deviceclasses/`` holds them."""
+    return [yaml.safe_load(p.read_text()) for p in sorted(DEVICECLASSES.glob("*.yaml"))]
+
+
+def published(
+    settings: FleetSettings, driver_pool: Pool, claim: Shape
+) -> tuple[Pool, dict[str, Any], list[dict[str, Any]]]:
+    """Pool, claim spec and DeviceClasses of a ``settings.shape`` run."""
+    if settings.shape == "driver":
+        return driver_pool, claim.spec, deviceclasses()
+    if claim.minimal is None:
+        raise ValueError(f"--claim {claim.name} has no minimal form (it tests two attributes)")
+    pool = minimal_pool(driver_pool, claim.minimal)
+    return pool, claim.minimal.spec, minimal_classes(deviceclasses())
 
 
 def _pod(name: str, claim: str, *, template: bool) -> dict[str, Any]:
@@ -131,15 +156,18 @@ def run_fleet(cluster: Cluster, settings: FleetSettings) -> FleetRun:
     """Build the fleet on ``cluster`` and time ``settings.pods`` pods; never raises for
     pods left unbound (``bound`` < ``pods`` says so)."""
     began = time.monotonic()
-    _apply_deviceclasses(cluster)
-    pool = node_pool(settings.profile, settings.flags)
-    devices = api_devices(pool)
+    driver_pool = node_pool(settings.profile, settings.flags)
+    devices = api_devices(driver_pool)
     claim_shape = shape(settings.claim, devices)
-    if claim_shape.per_node(devices) == 0:
+    pool, spec, classes = published(settings, driver_pool, claim_shape)
+    try:
+        per_node = node_capacity(pool, spec, classes)
+    except ValueError as err:
         raise ValueError(
             f"no device of a {settings.profile} node ({len(devices)} published with these "
-            f"flags) can satisfy --claim {settings.claim}; pods would never bind"
-        )
+            f"flags) can satisfy --claim {settings.claim}; pods would never bind ({err})"
+        ) from err
+    cluster.apply(classes)
     names = [f"fleet-{i:04d}" for i in range(settings.nodes)]
     _in_parallel(_node_maker(cluster), names, settings.workers)
     setup_s = time.monotonic() - began
@@ -158,14 +186,13 @@ def run_fleet(cluster: Cluster, settings: FleetSettings) -> FleetRun:
     slice_bytes = sum(len(json.dumps(s, separators=(",", ":"))) for s in listed)
 
     cluster.create_namespace(NAMESPACE)
-    spec = claim_shape.spec
     if not settings.precreated:
         cluster.rest.create(
             f"{RESOURCE}/namespaces/{NAMESPACE}/resourceclaimtemplates",
             {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
              "metadata": {"name": TEMPLATE, "namespace": NAMESPACE}, "spec": {"spec": spec}},
         )  # fmt: skip
-    capacity = claim_shape.per_node(devices) * settings.nodes
+    capacity = per_node * settings.nodes
     fill = [f"fill-{i:05d}" for i in range(int(settings.fill * capacity))]
     timed = [f"pod-{i:05d}" for i in range(settings.pods)]
     watch = BindWatch(cluster, NAMESPACE)
@@ -191,6 +218,7 @@ def run_fleet(cluster: Cluster, settings: FleetSettings) -> FleetRun:
         "slice_bytes_per_node": round(slice_bytes / max(1, settings.nodes)),
         "slices_per_node": round(len(listed) / max(1, settings.nodes), 2),
         "devices_per_node": len(devices),
+        "shape": settings.shape,
         "profile": str(settings.profile),
         "claim": claim_shape.name,
         "claim_note": claim_shape.note,
@@ -205,4 +233,4 @@ def run_fleet(cluster: Cluster, settings: FleetSettings) -> FleetRun:
         "load_average": [round(x, 2) for x in os.getloadavg()],
         "driver": DRIVER,
     }
-    return FleetRun(summary, pool, claim_shape, devices, names, timed, fill)
+    return FleetRun(summary, pool, claim_shape, spec, classes, devices, names, timed, fill)

@@ -16,11 +16,13 @@ from pathlib import Path
 
 import pytest
 
+from bench.fleet.__main__ import main
+from bench.fleet.capacity import node_capacity
 from bench.fleet.checks import allocation_problems, published_problems
 from bench.fleet.claims import align_attribute, shape
 from bench.fleet.measure import latencies, rss_bytes
 from bench.fleet.pools import DriverFlags, api_devices, node_pool, slice_problems
-from bench.fleet.run import CLIENT_BURST, CLIENT_QPS, FleetSettings, run_fleet
+from bench.fleet.run import CLIENT_BURST, CLIENT_QPS, FleetSettings, deviceclasses, run_fleet
 from dra_driver.devcluster import BinariesError, Cluster, ClusterOptions, find_binaries
 from dra_driver.gpu.hardware.consumable import ConsumableGpus
 from dra_driver.plugin.slices import slice_object, split_pool
@@ -56,21 +58,40 @@ def test_every_pod_binds_to_an_allowed_device_and_every_slice_is_valid(
         cluster.check_running()
 
 
+@pytest.mark.cluster
+def test_minimal_shape_binds_a_full_fleet_of_shared_counter_placements(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``--shape minimal --check`` from the command line, on dynamic MIG with a claim
+    whose placements share one media-engine set per GPU: 75 % of the capacity (one per
+    GPU, not the seven published) as ``--fill``, then the last quarter timed."""
+    argv = ["--nodes", "5", "--pods", "10", "--profile", "dgx-a100-mig-on", "--mig-mode",
+            "dynamic", "--claim", "mig:1g.10gb+me", "--fill", "0.75", "--shape", "minimal",
+            "--check", "--timeout", "60", "-o", "json"]  # fmt: skip
+    rc = main(argv)
+    summary = json.loads(capsys.readouterr().out)
+    assert (rc, summary["problems"]) == (0, [])
+    assert summary["shape"] == "minimal"
+    assert (summary["capacity_claims"], summary["fill_pods"], summary["bound"]) == (40, 30, 10)
+    assert summary["slice_bytes_per_node"] < 100_000  # the driver's: about 240 kB
+
+
 def test_shapes_select_what_users_write_and_count_node_capacity() -> None:
-    h100 = api_devices(node_pool("dgx-h100", DriverFlags()))
-    assert shape("whole", h100).per_node(h100) == 8
+    h100_pool = node_pool("dgx-h100", DriverFlags())
+    h100 = api_devices(h100_pool)
+    classes = deviceclasses()
+    assert node_capacity(h100_pool, shape("whole", h100).spec, classes) == 8
     # no NVLink domain and 4+4 NUMA: eight GPUs align only on the product name
     assert align_attribute(h100) == "gpu.nvidia.com/productName"
-    assert shape("eight-aligned", h100).per_node(h100) == 1
+    assert node_capacity(h100_pool, shape("eight-aligned", h100).spec, classes) == 1
     mig = api_devices(node_pool("dgx-a100-mig", DriverFlags()))
     assert shape("mig:1g.10gb", mig).spec["devices"]["requests"][0]["exactly"] == {
         "deviceClassName": "mig.nvidia.com",
         "selectors": [{"cel": {"expression": "device.attributes['gpu.nvidia.com'].profile "
                                "== '1g.10gb'"}}],
     }  # fmt: skip
-    shared = api_devices(node_pool("dgx-h100", DriverFlags(consumable=ConsumableGpus(all=True))))
-    assert shape("share:10Gi,25", shared).per_node(shared) == 8 * 4
-    assert shape("share:10Gi,25", h100).per_node(h100) == 0  # not published for sharing
+    shared = node_pool("dgx-h100", DriverFlags(consumable=ConsumableGpus(all=True)))
+    assert node_capacity(shared, shape("share:10Gi,25", h100).spec, classes) == 8 * 4
     with pytest.raises(ValueError, match="want whole, mig:PROFILE"):
         shape("mig", h100)
 
