@@ -78,6 +78,14 @@ def parser() -> argparse.ArgumentParser:
         action="store_true",
         help="also check allocations and slices; exit 1 on any problem",
     )
+    p.add_argument(
+        "--heap-profiles",
+        type=Path,
+        metavar="DIR",
+        help="write kube-apiserver's, kube-scheduler's and kube-controller-manager's heap "
+        "profiles (pprof, after a GC) into DIR at the end: `go tool pprof -top` shows "
+        "what they hold per device",
+    )
     p.add_argument("-o", "--output", choices=("text", "json"), default="text")
     return p
 
@@ -97,7 +105,9 @@ def main(argv: list[str] | None = None) -> int:
         timeout_s=args.timeout,
     )
     options = ClusterOptions(
-        client_qps=args.client_qps or None, client_burst=args.client_burst or None
+        client_qps=args.client_qps or None,
+        client_burst=args.client_burst or None,
+        profiling=args.heap_profiles is not None,
     )
     print(
         "control plane: kube-scheduler and kube-controller-manager with "
@@ -117,12 +127,24 @@ def main(argv: list[str] | None = None) -> int:
         if args.check:
             problems = allocation_problems(cluster, run) + published_problems(cluster, run)
             run.summary["problems"] = problems
+        if args.heap_profiles is not None:
+            run.summary["heap_profiles"] = write_heap_profiles(cluster, args.heap_profiles)
     if args.output == "json":
         print(json.dumps(run.summary, indent=2))
     else:
         for key, value in run.summary.items():
             print(f"{key:22} {value}")
     return 1 if problems else 0
+
+
+def write_heap_profiles(cluster: Cluster, out: Path) -> list[str]:
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for component in ("kube-apiserver", "kube-scheduler", "kube-controller-manager"):
+        path = out / f"{component}.heap.pb.gz"
+        path.write_bytes(cluster.heap_profile(component))
+        written.append(str(path))
+    return written
 
 
 if __name__ == "__main__":

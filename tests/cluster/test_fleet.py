@@ -9,6 +9,7 @@ changes the node count for a local run."""
 from __future__ import annotations
 
 import copy
+import gzip
 import json
 import os
 import tempfile
@@ -60,17 +61,23 @@ def test_every_pod_binds_to_an_allowed_device_and_every_slice_is_valid(
 
 @pytest.mark.cluster
 def test_minimal_shape_binds_a_full_fleet_of_shared_counter_placements(
-    capsys: pytest.CaptureFixture[str],
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     """``--shape minimal --check`` from the command line, on dynamic MIG with a claim
     whose placements share one media-engine set per GPU: 75 % of the capacity (one per
-    GPU, not the seven published) as ``--fill``, then the last quarter timed."""
+    GPU, not the seven published) as ``--fill``, then the last quarter timed. The heap
+    profiles it writes are the components' own, holding the published slices."""
     argv = ["--nodes", "5", "--pods", "10", "--profile", "dgx-a100-mig-on", "--mig-mode",
             "dynamic", "--claim", "mig:1g.10gb+me", "--fill", "0.75", "--shape", "minimal",
-            "--check", "--timeout", "60", "-o", "json"]  # fmt: skip
+            "--check", "--timeout", "60", "--heap-profiles", str(tmp_path / "heap"),
+            "-o", "json"]  # fmt: skip
     rc = main(argv)
     summary = json.loads(capsys.readouterr().out)
     assert (rc, summary["problems"]) == (0, [])
+    assert len(summary["heap_profiles"]) == 3
+    for written in summary["heap_profiles"]:
+        profile = gzip.decompress(Path(written).read_bytes())  # pprof: gzipped protobuf
+        assert b"k8s.io/api/resource/v1.(*Device).Unmarshal" in profile, written
     assert summary["shape"] == "minimal"
     assert (summary["capacity_claims"], summary["fill_pods"], summary["bound"]) == (40, 30, 10)
     assert summary["slice_bytes_per_node"] < 100_000  # the driver's: about 240 kB
