@@ -294,6 +294,7 @@ def _gpu_driver(
         usage_interval_s=gpu.usage_interval_s,
         registry=registry if settings.metrics else None,
         mig_mode=gpu.mig_mode,
+        placement_attributes=gpu.placement_attributes,
         consumable=gpu.consumable,
         mps_slots=gpu.mps_slots,
         cdi_hook=HookPlacement(

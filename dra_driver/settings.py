@@ -23,7 +23,7 @@ from dra_driver.errors import DriverError
 if TYPE_CHECKING:
     from dra_driver.gpu.hardware.consumable import ConsumableGpus, MpsSlots
     from dra_driver.gpu.hardware.devices import NumaAttributeForm
-    from dra_driver.gpu.hardware.partitions import MigMode
+    from dra_driver.gpu.hardware.partitions import MigMode, PlacementAttributes
     from dra_driver.gpu.monitoring.healthpolicy import HealthPolicy
     from dra_driver.plugin.settings import PluginSettings
 
@@ -64,6 +64,8 @@ class GpuSettings:
     taint_degraded: bool
     mig_mode: MigMode
     """static: the MIG devices that exist; dynamic: created at prepare."""
+    placement_attributes: PlacementAttributes
+    """What dynamic MIG devices carry: full (NVIDIA's set and ours) or compact."""
     numa_attribute_form: NumaAttributeForm
     health_policy: HealthPolicy | None
     """None: no health monitoring (devices are healthy unless degraded)."""
@@ -229,6 +231,7 @@ def daemon_settings(args: argparse.Namespace) -> DaemonSettings:
         mps_control=args.mps_control,
         taint_degraded=args.taint_degraded,
         mig_mode=args.mig_mode,
+        placement_attributes=args.dynamic_mig_attributes,
         numa_attribute_form=args.numa_attribute_form,
         health_policy=health_policy(args),
         usage_interval_s=_interval("usage-interval", args.usage_interval, 0.1, 3600, off=True),

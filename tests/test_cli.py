@@ -182,10 +182,12 @@ def test_env_variables_set_defaults_and_flags_win() -> None:
         "DRA_LOG_LEVEL": "debug",
         "DRA_ROLLING_UPDATE_UID": "",  # empty: unset, as a DaemonSet may render it
         "DRA_CDI_HOOK_SOURCE": "none",
+        "DRA_DYNAMIC_MIG_ATTRIBUTES": "compact",
     }
     parser = build_parser(environ=environ)
     args = parser.parse_args(["kubelet-plugin"])
     gpu = daemon_settings(args).gpu
+    assert gpu.placement_attributes == "compact"
     hook = Path("/var/lib/kubelet/plugins/gpu.nvidia.com/nvidia-cdi-hook")
     assert (gpu.cdi_hook_path, gpu.cdi_hook_local_path, gpu.cdi_hook_source) == (hook, hook, None)
     args = parser.parse_args(["kubelet-plugin", "--cdi-hook-source=/opt/hook",

@@ -57,6 +57,7 @@ def parser() -> argparse.ArgumentParser:
         "attribute each and the claim rewritten onto it (default %(default)s)",
     )
     p.add_argument("--mig-mode", choices=("static", "dynamic"), default="static")
+    p.add_argument("--dynamic-mig-attributes", choices=("full", "compact"), default="full")
     p.add_argument("--consumable-gpus", type=consumable_gpus, default="none")
     p.add_argument("--mps-slots", type=mps_slots, default="none")
     p.add_argument(
@@ -100,7 +101,9 @@ def main(argv: list[str] | None = None) -> int:
         claim=args.claim,
         precreated=args.precreated,
         fill=args.fill,
-        flags=DriverFlags(args.mig_mode, args.consumable_gpus, args.mps_slots),
+        flags=DriverFlags(
+            args.mig_mode, args.consumable_gpus, args.mps_slots, args.dynamic_mig_attributes
+        ),
         shape=args.shape,
         timeout_s=args.timeout,
     )

@@ -29,7 +29,7 @@ from dra_driver.emulation import EmulatedNode
 from dra_driver.gpu.hardware.consumable import ConsumableGpus, MpsSlots
 from dra_driver.gpu.hardware.devices import build_pool
 from dra_driver.gpu.hardware.discovery import discover
-from dra_driver.gpu.hardware.partitions import MigMode
+from dra_driver.gpu.hardware.partitions import MigMode, PlacementAttributes
 from dra_driver.gpu.sharing.slots import fractional_pool
 from dra_driver.plugin.kubeclient import KubeClient
 from dra_driver.plugin.publishing import PublishStatus, SlicePublisher
@@ -49,6 +49,7 @@ class DriverFlags:
     mig_mode: MigMode = "static"
     consumable: ConsumableGpus = field(default_factory=ConsumableGpus)
     slots: MpsSlots = field(default_factory=MpsSlots)
+    placement_attributes: PlacementAttributes = "full"
 
 
 def node_pool(profile: str | Path, flags: DriverFlags) -> Pool:
@@ -58,7 +59,12 @@ def node_pool(profile: str | Path, flags: DriverFlags) -> Pool:
         node = EmulatedNode.create(profile, Path(root))
         with node.nvml():
             inventory = discover(node.host, logger)
-    pool = build_pool(inventory, driver_name=DRIVER, mig_mode=flags.mig_mode)
+    pool = build_pool(
+        inventory,
+        driver_name=DRIVER,
+        mig_mode=flags.mig_mode,
+        placement_attributes=flags.placement_attributes,
+    )
     pool = fractional_pool(pool, inventory, flags.consumable, flags.slots)
     validate_pool(pool)
     return pool

@@ -220,6 +220,8 @@ def run_fleet(cluster: Cluster, settings: FleetSettings) -> FleetRun:
         "devices_per_node": len(devices),
         "shape": settings.shape,
         "profile": str(settings.profile),
+        "mig_mode": settings.flags.mig_mode,
+        "dynamic_mig_attributes": settings.flags.placement_attributes,
         "claim": claim_shape.name,
         "claim_note": claim_shape.note,
         "claims": "pre-created" if settings.precreated else "ResourceClaimTemplate",

@@ -137,6 +137,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "changed) (default %(default)s)",
     )
     parser.add_argument(
+        "--dynamic-mig-attributes",
+        choices=("full", "compact"),
+        default="full",
+        help="what each dynamic MIG device carries: full (every attribute NVIDIA's driver "
+        "publishes on a MIG device, plus ours) or compact (8 of 13: no brand, architecture, "
+        "driverVersion, cudaDriverVersion or numaNode; about 0.7x the control plane's "
+        "memory per node; claims reading those fail to schedule) (default %(default)s)",
+    )
+    parser.add_argument(
         "--consumable-gpus",
         type=consumable_gpus,
         default="none",

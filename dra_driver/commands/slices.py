@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from dra_driver.gpu.hardware.consumable import ConsumableGpus, MpsSlots
     from dra_driver.gpu.hardware.devices import NumaAttributeForm
     from dra_driver.gpu.hardware.inventory import Inventory
-    from dra_driver.gpu.hardware.partitions import MigMode
+    from dra_driver.gpu.hardware.partitions import MigMode, PlacementAttributes
 
 
 logger = logging.getLogger(__name__)
@@ -59,6 +59,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="static",
         help="static: MIG-mode GPUs publish the instances that exist; dynamic: every profile "
         "and placement through shared counters, created at prepare (default %(default)s)",
+    )
+    parser.add_argument(
+        "--dynamic-mig-attributes",
+        choices=("full", "compact"),
+        default="full",
+        help="what each dynamic MIG device carries: full or compact (default %(default)s)",
     )
     parser.add_argument(
         "--consumable-gpus",
@@ -110,6 +116,7 @@ def resource_slices(
     taint_degraded: bool = False,
     numa_attribute_form: NumaAttributeForm = "scalar",
     mig_mode: MigMode = "static",
+    placement_attributes: PlacementAttributes = "full",
     consumable: ConsumableGpus | None = None,
     slots: MpsSlots | None = None,
 ) -> list[dict[str, Any]]:
@@ -126,6 +133,7 @@ def resource_slices(
         taint_degraded=taint_degraded,
         numa_attribute_form=numa_attribute_form,
         mig_mode=mig_mode,
+        placement_attributes=placement_attributes,
     )
     pool = fractional_pool(pool, inventory, consumable or ConsumableGpus(), slots or MpsSlots())
     validate_pool(pool)
@@ -164,6 +172,7 @@ def run(args: argparse.Namespace) -> int:
             taint_degraded=args.taint_degraded,
             numa_attribute_form=args.numa_attribute_form,
             mig_mode=args.mig_mode,
+            placement_attributes=args.dynamic_mig_attributes,
             consumable=args.consumable_gpus,
             slots=args.mps_slots,
         )

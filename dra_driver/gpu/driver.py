@@ -7,8 +7,7 @@ never mutated), derives the published pool from it, and delegates claims to
 inventory through a callable so a prepare always sees the latest discovery.
 
 Re-discovery (:meth:`refresh`) keeps the previous inventory when discovery as a whole
-fails (NVML briefly unavailable must not empty the pool); a GPU that is gone simply is
-not in the new inventory, so it leaves the pool with the next slice generation.
+fails (NVML briefly unavailable must not empty the pool); a GPU gone leaves the pool.
 
 Health: with a :class:`~dra_driver.gpu.monitoring.healthpolicy.HealthPolicy` the driver runs a
 :class:`~dra_driver.gpu.monitoring.monitor.HealthMonitor` in the background (started by
@@ -43,7 +42,7 @@ from dra_driver.gpu.hardware.discovery import DiscoveryError
 from dra_driver.gpu.hardware.inventory import Inventory
 from dra_driver.gpu.hardware.nvml import Nvml
 from dra_driver.gpu.hardware.nvmlmonitor import CallObserver
-from dra_driver.gpu.hardware.partitions import MigMode, OwnedInstance
+from dra_driver.gpu.hardware.partitions import MigMode, OwnedInstance, PlacementAttributes
 from dra_driver.gpu.host.hostpaths import HostPaths
 from dra_driver.gpu.monitoring.devicestatus import device_status
 from dra_driver.gpu.monitoring.health import (
@@ -103,6 +102,7 @@ class GpuDriver:
         usage_interval_s: float = 10.0,
         registry: CollectorRegistry | None = None,
         mig_mode: MigMode = "static",
+        placement_attributes: PlacementAttributes = "full",
         consumable: ConsumableGpus | None = None,
         mps_slots: MpsSlots | None = None,
         cdi_hook: cdihook.HookPlacement | None = None,
@@ -122,16 +122,15 @@ class GpuDriver:
         :mod:`dra_driver.gpu.sharing.slots`). ``cdi_hook``: where NVIDIA's ``nvidia-cdi-hook`` goes
         on the host and where it comes from (installed now; None: the specs name the
         toolkit's ``/usr/bin/nvidia-cdi-hook`` and nothing is installed or checked).
-        ``stop_wait_s``: how long :meth:`stop_background` waits for the health monitor's
-        NVML event waits (None: all; the daemon, about to exit, waits 0.1 s). ``mps_runner``:
-        what starts MPS daemons (None: this process, as its children)."""
+        ``stop_wait_s``: how long :meth:`stop_background` waits for NVML event waits (None:
+        all). ``mps_runner``: what starts MPS daemons (None: this process's children)."""
         self._driver_name = driver_name
         self._pool_name = pool_name
         self._discover = discover
         self._log = logger
         self._taint_degraded = taint_degraded
         self._numa_form: NumaAttributeForm = numa_attribute_form
-        self._mig_mode: MigMode = mig_mode
+        self._mig_mode, self._placement_attributes = mig_mode, placement_attributes
         self._consumable = consumable or ConsumableGpus()
         self._slots = mps_slots or MpsSlots()
         self._lock = threading.Lock()
@@ -250,6 +249,7 @@ class GpuDriver:
             taints=taints,
             mig_mode=self._mig_mode,
             owned=self._owned,
+            placement_attributes=self._placement_attributes,
         )
         pool = fractional_pool(pool, inventory, self._consumable, self._slots)
         if not self._state_problem:

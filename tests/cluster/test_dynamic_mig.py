@@ -253,3 +253,31 @@ def test_claims_written_for_nvidias_driver_match_the_dynamic_pool(
     placed = [allocation(cluster, ns, f"nv-{i}") for i in range(7)]
     assert sorted(d for ((_, _, d),) in placed) == [f"gpu-0-mig-1g10gb-19-{s}" for s in range(7)]
     stays_unallocated(cluster, ns, "nv-7")  # as on the GPU: no eighth 1g.10gb
+
+
+def test_compact_placements_serve_claims_on_what_they_keep_and_refuse_the_rest(
+    cluster: Cluster, cluster_namespace: str, classes: None, tmp_path: Path
+) -> None:
+    """``--dynamic-mig-attributes compact`` on the real scheduler: a claim on what stays
+    binds; one reading a dropped attribute stays pending with the scheduler's CEL error
+    (as the chart's values.yaml warns), not silently on another device."""
+    profile = one_gpu_profile(tmp_path, "H100-SXM5-80GB")
+    name = f"compact-{secrets.token_hex(3)}"
+    node = cluster.create_node(name)
+    for s in resource_slices(
+        emulated_inventory(str(profile)), driver_name=DRIVER, node_name=name,
+        node_uid=node["metadata"]["uid"], mig_mode="dynamic", placement_attributes="compact",
+    ):  # fmt: skip
+        cluster.rest.create(f"{RESOURCE}/resourceslices", s)
+    ns = cluster_namespace
+    kept = [
+        f"{attr('profile')} == '1g.10gb' && {attr('productName')}.contains('H100')",
+        f"{attr('cudaComputeCapability')}.isGreaterThan(semver('8.9.0'))",
+        f"{STD}.numaNode == 0 && {attr('parentUUID')}.startsWith('GPU-')",
+    ]
+    claim_and_pod(cluster, ns, "kept", [request("mig", MIG, *kept)], on(name))
+    ((_, pool, device),) = allocation(cluster, ns, "kept")
+    assert pool == name and "-mig-1g10gb-" in device
+    dropped = f"{attr('profile')} == '1g.10gb' && {attr('architecture')} == 'Hopper'"
+    claim_and_pod(cluster, ns, "dropped", [request("mig", MIG, dropped)], on(name))
+    assert "architecture" in stays_unallocated(cluster, ns, "dropped")

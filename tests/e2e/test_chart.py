@@ -47,6 +47,7 @@ def test_lint_strict_passes(helm: Path) -> None:
         ("emulate=dgx-a101", "emulate"),
         ("emulate=profiles/h100.yaml", "emulate"),  # a profile file by absolute path only
         ("migMode=auto", "migMode"),
+        ("dynamicMigAttributes=lean", "dynamicMigAttributes"),
         ("healthPort=0", "healthPort"),
         ("kubeletRootDir=var/lib/kubelet", "kubeletRootDir"),
         ("driverName=GPU_NVIDIA", "driverName"),
@@ -319,7 +320,7 @@ def test_daemonset_args_are_accepted_by_the_real_command(helm: Path) -> None:
     ds = daemonset(
         render(
             helm, "--set", "emulate=dgx-a100", "--set", "kubeletRootDir=/k",
-            "--set", "migMode=dynamic",
+            "--set", "migMode=dynamic", "--set", "dynamicMigAttributes=compact",
         )
     )  # fmt: skip
     (container,) = ds["spec"]["template"]["spec"]["containers"]
@@ -333,6 +334,7 @@ def test_daemonset_args_are_accepted_by_the_real_command(helm: Path) -> None:
     assert args.emulate == "dgx-a100"
     assert args.driver_name == "gpu.nvidia.com"
     assert args.mig_mode == "dynamic"
+    assert args.dynamic_mig_attributes == "compact"
 
 
 @pytest.mark.parametrize("version", ["1.34", "1.35", "1.36", "1.37"])

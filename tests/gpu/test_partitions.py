@@ -261,3 +261,37 @@ def test_degraded_mig_gpu_is_left_out_or_tainted_whole(make_node, discover_node)
     gpu1: list[Device] = [d for d in tainted.devices if d.name.startswith("gpu-1")]
     assert len(gpu1) == 26 and all(d.taints for d in gpu1)
     validate_pool(tainted)
+
+
+def test_compact_placements_carry_eight_attributes_and_the_same_counters(
+    make_node, discover_node
+) -> None:
+    """``compact`` leaves off only what other attributes imply; the Go maps the control
+    plane keeps per device stay within their first bucket (8 entries)."""
+    inventory = discover_node(make_node("dgx-a100-mig-on"))
+    full = build_pool(inventory, driver_name=DRIVER, mig_mode="dynamic")
+    compact = build_pool(
+        inventory, driver_name=DRIVER, mig_mode="dynamic", placement_attributes="compact"
+    )
+    assert [d.name for d in compact.devices] == [d.name for d in full.devices]
+    assert compact.counter_sets == full.counter_sets
+    for small, big in zip(compact.devices, full.devices, strict=True):
+        assert (small.capacity, small.consumes_counters) == (big.capacity, big.consumes_counters)
+        if big.attributes["type"] == "gpu":  # the whole GPU keeps everything
+            assert small.attributes == big.attributes
+            continue
+        assert small.attributes == {
+            k: v
+            for k, v in big.attributes.items()
+            if k not in ("brand", "architecture", "driverVersion", "cudaDriverVersion", "numaNode")
+        }
+        assert set(small.attributes) == {
+            "type", "parentUUID", "profile", "productName", "cudaComputeCapability",
+            PCI_BUS_ID, PCIE_ROOT, STD_NUMA,
+        }  # fmt: skip
+        assert len(small.capacity) <= 8
+    # Static MIG devices are not placements: untouched.
+    static = discover_node(make_node("dgx-a100-mig"))
+    assert build_pool(static, driver_name=DRIVER, placement_attributes="compact") == build_pool(
+        static, driver_name=DRIVER
+    )

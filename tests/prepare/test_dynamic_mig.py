@@ -315,3 +315,46 @@ def test_unprepare_fails_while_a_process_runs_and_succeeds_after(node: MigNode) 
     node.node.library.apply({"op": "processes", "gpu": 3, "processes": []})
     preparer.unprepare(MIG_REF)
     assert node.instances(3) == [] and _checkpoint(node)["claims"] == {}
+
+
+def test_a_compact_pool_prepares_like_a_full_one(tmp_path: Path) -> None:
+    """``--dynamic-mig-attributes compact`` reaches the published pool through GpuDriver
+    and changes nothing else: same devices and counters, same instance made at prepare."""
+    node = open_mig_node(tmp_path, "h100-l4-mixed")
+    try:
+        drivers = [
+            GpuDriver(
+                driver_name="gpu.nvidia.com",
+                discover=lambda: discover(node.node.host, LOG),
+                host=node.node.host,
+                cdi_dir=node.cdi_dir,
+                state_dir=node.state_dir / form,
+                tools=GpuTools(nvidia_smi=Path("/nonexistent"), mps_control=Path("/nonexistent")),
+                logger=LOG,
+                pool_name="node-a",
+                health_policy=None,
+                mig_mode="dynamic",
+                placement_attributes=form,
+            )
+            for form in ("full", "compact")
+        ]
+        try:
+            full, compact = (d.pool() for d in drivers)
+            assert [d.name for d in compact.devices] == [d.name for d in full.devices]
+            assert compact.counter_sets == full.counter_sets
+            placement = next(d for d in compact.devices if d.name == "gpu-1-mig-3g40gb-9-0")
+            assert "architecture" not in placement.attributes
+            assert (
+                "architecture"
+                in next(d for d in full.devices if d.name == placement.name).attributes
+            )
+            claim = mig_claim(placement.name)
+            drivers[1].prepare(claim)
+            assert node.instances(1) == [(1, "3g.40gb", 0, [0])]
+            drivers[1].unprepare(claim.ref)
+            assert node.instances(1) == []
+        finally:
+            for d in drivers:
+                d.close()
+    finally:
+        node.close()

@@ -60,6 +60,7 @@ from dra_driver.gpu.hardware.partitions import (
     MigMode,
     MigPartition,
     OwnedInstance,
+    PlacementAttributes,
     available,
     binding_counters,
     counter_set_name,
@@ -204,11 +205,24 @@ def _mig_figures(p: MigProfile) -> dict[str, Capacity]:
     }
 
 
+COMPACT_DROPS = ("brand", "architecture", "driverVersion", "cudaDriverVersion", "numaNode")
+"""Left off dynamic MIG devices with ``compact`` placement attributes. Each placement
+repeats its GPU's attributes; the control plane keeps every device's attributes in a Go
+map, whose memory doubles past 8 entries (kube-apiserver keeps two copies): 13 -> 8
+takes a DGX A100's cost in kube-apiserver, scheduler and controller manager to 0.69x
+(docs/scale.md). What goes is implied by what stays: ``brand`` (always Nvidia) and
+``architecture`` by ``productName``/``cudaComputeCapability``, both driver versions are
+the node's (the whole GPU device still carries them), ``numaNode`` by
+``resource.kubernetes.io/numaNode``. A claim that reads one of them on such a device
+fails to schedule with a CEL "no such key" error, so this is opt-in."""
+
+
 def partition_device(
     part: MigPartition,
     inventory: Inventory,
     numa_form: NumaAttributeForm = "scalar",
     counters: Collection[str] | None = None,
+    placement_attributes: PlacementAttributes = "full",
 ) -> Device:
     """A dynamic MIG device: the static device's attributes (no UUID yet) plus the
     ``counters`` it consumes (default all; :func:`binding_counters` says which matter).
@@ -243,6 +257,8 @@ def partition_device(
         "profile": part.profile.name,
         **_common(gpu, inventory, numa_form),
     }
+    if placement_attributes == "compact":
+        attrs = {k: v for k, v in attrs.items() if k not in COMPACT_DROPS}
     capacity = _mig_figures(part.profile)
     return Device(name=part.name, attributes=attrs, capacity=capacity, consumes_counters=use)
 
@@ -258,6 +274,7 @@ def gpu_devices(
     nvlink_domain: str | None = None,
     mig_mode: MigMode = "static",
     owned: Owned = (),
+    placement_attributes: PlacementAttributes = "full",
 ) -> tuple[list[Device], list[CounterSet]]:
     """What one healthy GPU contributes: itself, or in MIG mode its MIG devices (static)
     or its counter set and every partition that fits, plus others' instances (dynamic)."""
@@ -273,7 +290,10 @@ def gpu_devices(
         if (m.gi_id, m.placement.start) in foreign
     ]
     keep = binding_counters(offer)
-    devices += [partition_device(part, inventory, numa_form, keep) for part in offer.partitions]
+    devices += [
+        partition_device(part, inventory, numa_form, keep, placement_attributes)
+        for part in offer.partitions
+    ]
     if not offer.partitions:  # fully taken by others' instances: no counters to share
         return devices, []
     counters = {c: _counter_quantity(c, v) for c, v in sorted(offer.counters.items()) if c in keep}
@@ -293,12 +313,14 @@ def build_pool(
     taints: Mapping[str, tuple[DeviceTaint, ...]] | None = None,
     mig_mode: MigMode = "static",
     owned: Owned = (),
+    placement_attributes: PlacementAttributes = "full",
 ) -> Pool:
     """The node's pool; device order (by minor) is the scheduler's first-fit preference.
 
     ``taints`` (device name -> taints) come from the health monitor's state.
     ``owned`` lists the GPU instances this driver created (dynamic MIG): they are
     the partitions' own, not foreign instances to work around.
+    ``placement_attributes``: what dynamic MIG devices carry (:data:`COMPACT_DROPS`).
     """
     devices: list[Device] = []
     counter_sets: list[CounterSet] = []
@@ -309,8 +331,9 @@ def build_pool(
         if gpu.degraded and not (taint_degraded and _identified(gpu)):
             continue
         found, sets = gpu_devices(
-            gpu, inventory, numa_attribute_form, domains.get(gpu.uuid), mig_mode, owned
-        )
+            gpu, inventory, numa_attribute_form, domains.get(gpu.uuid), mig_mode, owned,
+            placement_attributes,
+        )  # fmt: skip
         for d in found:
             extra = ((degraded,) if gpu.degraded else ()) + health.get(d.name, ())
             devices.append(dataclasses.replace(d, taints=extra))

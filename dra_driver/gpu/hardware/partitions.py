@@ -46,6 +46,11 @@ from dra_driver.gpu.hardware.naming import gpu_device_name, mig_name
 
 MigMode = Literal["static", "dynamic"]
 MIG_MODES: tuple[MigMode, ...] = ("static", "dynamic")
+PlacementAttributes = Literal["full", "compact"]
+"""What a dynamic MIG device carries: ``full`` (every attribute NVIDIA's driver publishes
+on a MIG device, plus ours) or ``compact`` (eight, for large fleets:
+:data:`~dra_driver.gpu.hardware.devices.COMPACT_DROPS` says which go and why)."""
+PLACEMENT_ATTRIBUTES: tuple[PlacementAttributes, ...] = ("full", "compact")
 
 OwnedInstance = tuple[str, int, int]
 """``(parent GPU UUID, GI profile ID, placement start)`` of a GPU instance we created."""
