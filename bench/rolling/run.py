@@ -32,6 +32,9 @@ ROOT = Path(__file__).resolve().parents[2]
 DEVICECLASSES = ROOT / "deploy" / "deviceclasses"
 SLICE_VERBS = ("create", "update", "patch", "delete")
 """Plugin requests that write slices (their RBAC allows create, update, delete)."""
+SETTLE_S = 2.0
+"""Waited after the last plugin is ready, before a phase's closing snapshot: readiness
+does not wait for the slice watch, whose request would fall into the next phase."""
 
 
 @dataclass(frozen=True)
@@ -56,6 +59,8 @@ class RollRun:
     slices_before: dict[str, tuple[str, str, int]] = field(default_factory=dict)
     """Slice name -> (node, resourceVersion, pool generation) before the roll."""
     slices_after: dict[str, tuple[str, str, int]] = field(default_factory=dict)
+    turns: dict[str, dict[str, float]] = field(default_factory=dict)
+    """Node -> its restart's timings, for each node that was ready again."""
 
 
 def _slices(cluster: Cluster) -> dict[str, tuple[str, str, int]]:
@@ -204,6 +209,7 @@ def run_rolling(
         for node in nodes:
             node.start()
         _wait_ready(nodes, settings.timeout_s)
+        time.sleep(SETTLE_S)
         s1 = metrics.snapshot()
         published = _slices(cluster)
         missing = {node.name for node in nodes} - {v[0] for v in published.values()}
@@ -219,11 +225,12 @@ def run_rolling(
         progress("rolling")
         before = _slices(cluster)
         s3 = metrics.snapshot()
-        turns = []
+        turns: dict[str, dict[str, float]] = {}
         for i, node in enumerate(nodes):
-            turns.append(_restart(node, settings.surge, settings.timeout_s))
+            turns[node.name] = _restart(node, settings.surge, settings.timeout_s)
             if (i + 1) % 10 == 0:
                 progress(f"  {i + 1}/{n} restarted")
+        time.sleep(SETTLE_S)
         s4 = metrics.snapshot()
         after = _slices(cluster)
     finally:
@@ -254,9 +261,9 @@ def run_rolling(
         | {
             "per_start": _per(per_start, 1),
             "apiserver_cpu_s_per_start": round(roll.cpu_s.get("kube-apiserver", 0.0) / n, 3),
-            "exit_s": _spread([t["exit_s"] for t in turns]),
-            "ready_s": _spread([t["ready_s"] for t in turns]),
-            "turn_s": _spread([t["turn_s"] for t in turns]),
+            "exit_s": _spread([t["exit_s"] for t in turns.values()]),
+            "ready_s": _spread([t["ready_s"] for t in turns.values()]),
+            "turn_s": _spread([t["turn_s"] for t in turns.values()]),
             "slices_rewritten": changed,
         },
         "load_average": {
@@ -264,4 +271,4 @@ def run_rolling(
             "after": [round(x, 2) for x in os.getloadavg()],
         },
     }
-    return RollRun(summary, nodes, before, after)
+    return RollRun(summary, nodes, before, after, turns)
