@@ -74,7 +74,9 @@ def table(summary: dict[str, Any]) -> str:
     lines.append("per plugin start (roll, idle traffic subtracted): " + _pairs(roll["per_start"]))
     lines.append("per plugin per idle hour: " + _pairs(idle["per_plugin_per_hour"]))
     lines.append(
-        f"restart turn s: {roll['turn_s']}; slices rewritten: {len(roll['slices_rewritten'])}"
+        f"all ready {start['all_ready_s']} s; roll {roll['wall_s']} s, per node turn "
+        f"{roll['turn_s']} s, apiserver CPU per start {roll['apiserver_cpu_s_per_start']} s; "
+        f"slices rewritten: {len(roll['slices_rewritten'])}"
     )
     return "\n".join(lines)
 

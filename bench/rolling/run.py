@@ -209,6 +209,7 @@ def run_rolling(
         for node in nodes:
             node.start()
         _wait_ready(nodes, settings.timeout_s)
+        ready_all_s = time.monotonic() - s0.at
         time.sleep(SETTLE_S)
         s1 = metrics.snapshot()
         published = _slices(cluster)
@@ -216,7 +217,7 @@ def run_rolling(
         if missing:
             raise RuntimeError(f"ready but no slices for {sorted(missing)[:5]}")
 
-        progress(f"all ready in {s1.at - s0.at:.1f} s; idle for {settings.idle_s:g} s")
+        progress(f"all ready in {ready_all_s:.1f} s; idle for {settings.idle_s:g} s")
         cpu0 = _plugin_cpu(nodes)
         time.sleep(settings.idle_s)
         s2 = metrics.snapshot()
@@ -230,6 +231,7 @@ def run_rolling(
             turns[node.name] = _restart(node, settings.surge, settings.timeout_s)
             if (i + 1) % 10 == 0:
                 progress(f"  {i + 1}/{n} restarted")
+        roll_s = time.monotonic() - s3.at
         time.sleep(SETTLE_S)
         s4 = metrics.snapshot()
         after = _slices(cluster)
@@ -244,6 +246,8 @@ def run_rolling(
         k: (roll.plugin.get(k, 0) - idle_rate.get(k, 0.0) * roll.seconds) / n for k in keys
     }
     changed = sorted(k for k in before if after.get(k) != before[k])
+    idle_cpu_rate = idle.cpu_s.get("kube-apiserver", 0.0) / idle.seconds
+    api_cpu_per_start = (roll.cpu_s.get("kube-apiserver", 0.0) - idle_cpu_rate * roll.seconds) / n
     summary: dict[str, Any] = {
         "plugins": n,
         "profile": settings.flags.profile,
@@ -251,7 +255,8 @@ def run_rolling(
         "strategy": "maxSurge=1,maxUnavailable=0" if settings.surge else "maxUnavailable=1",
         "ready": "/readyz 200 (registered by the bench as the kubelet would; slices in sync)",
         "slices": len(before),
-        "start": _phase(start) | {"per_plugin": _per(start.plugin, n, 1)},
+        "start": _phase(start)
+        | {"all_ready_s": round(ready_all_s, 1), "per_plugin": _per(start.plugin, n, 1)},
         "idle": _phase(idle)
         | {
             "per_plugin_per_hour": _per(idle.plugin, n * idle.seconds / 3600, 1),
@@ -259,8 +264,9 @@ def run_rolling(
         },
         "roll": _phase(roll)
         | {
+            "wall_s": round(roll_s, 1),
             "per_start": _per(per_start, 1),
-            "apiserver_cpu_s_per_start": round(roll.cpu_s.get("kube-apiserver", 0.0) / n, 3),
+            "apiserver_cpu_s_per_start": round(api_cpu_per_start, 3),
             "exit_s": _spread([t["exit_s"] for t in turns.values()]),
             "ready_s": _spread([t["ready_s"] for t in turns.values()]),
             "turn_s": _spread([t["turn_s"] for t in turns.values()]),
