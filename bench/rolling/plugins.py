@@ -14,6 +14,7 @@ sync (the publisher's first sync found them up to date or wrote them), no proble
 from __future__ import annotations
 
 import os
+import re
 import sys
 import time
 from dataclasses import dataclass, field
@@ -29,6 +30,7 @@ from dra_driver.plugin.sockets import socket_paths
 DRIVER = "gpu.nvidia.com"
 NAMESPACE = "dra-driver"
 """The chart's namespace, where ``--mps-daemons pod`` (the chart's default) keeps its pods."""
+_LISTENING = re.compile(r'msg="health endpoint listening" port=(\d+)')
 
 
 @dataclass(frozen=True)
@@ -62,8 +64,6 @@ class PluginNode:
     name: str
     workdir: Path
     kubeconfig: Path
-    ports: tuple[int, int]
-    """Health ports; a surge update's new process takes the one the old is not using."""
     flags: PluginFlags
     surge: bool = False
     """Rolling-update mode: UID-suffixed sockets (``--rolling-update-uid``), as the chart
@@ -71,11 +71,11 @@ class PluginNode:
     restarts: int = 0
     process: Component | None = None
     registered: bool = False
+    port: int | None = None
+    """The health port the process said it listens on (it picks a free one: a port
+    chosen here could be taken meanwhile as some client's ephemeral port)."""
     _old: Component | None = field(default=None, repr=False)
-
-    @property
-    def port(self) -> int:
-        return self.ports[self.restarts % 2]
+    _log_from: int = field(default=0, repr=False)
 
     @property
     def uid(self) -> str | None:
@@ -89,7 +89,7 @@ class PluginNode:
             f"--node-name={self.name}", f"--kubeconfig={self.kubeconfig}",
             f"--host-root={w / 'host'}", f"--cdi-dir={w / 'cdi'}", f"--state-dir={w / 'state'}",
             f"--kubelet-registry-dir={w / 'reg'}", f"--kubelet-plugins-dir={w / 'plugins'}",
-            f"--health-port={self.port}", *self.flags.argv(), *uid,
+            "--health-port=0", *self.flags.argv(), *uid,
         ]  # fmt: skip
 
     @property
@@ -107,7 +107,9 @@ class PluginNode:
         :meth:`start_beside` keeps it for a surge update)."""
         env = {k: v for k, v in os.environ.items() if not k.startswith("DRA_")}
         self.process = Component(f"plugin-{self.name}", self.argv(), self.workdir, env=env)
-        self.registered = False
+        self.registered, self.port = False, None
+        log = self.process.log_path
+        self._log_from = log.stat().st_size if log.exists() else 0
         self.process.start()
 
     def stop(self, grace_s: float = 30.0) -> float:
@@ -143,6 +145,13 @@ class PluginNode:
             self.registered = register(self.registration_socket)
             if not self.registered:
                 return False
+        if self.port is None:
+            with proc.log_path.open("rb") as log:
+                log.seek(self._log_from)
+                said = _LISTENING.search(log.read().decode("utf-8", "replace"))
+            if said is None:
+                return False
+            self.port = int(said[1])
         ok, _ = http_ok(f"http://127.0.0.1:{self.port}/readyz", None)
         return ok
 

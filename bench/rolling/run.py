@@ -25,7 +25,6 @@ from bench.rolling.apicounts import (
 )
 from bench.rolling.plugins import DRIVER, PluginFlags, PluginNode
 from dra_driver.devcluster import Cluster, wait_until
-from dra_driver.devcluster.processes import free_loopback_ports
 from tests.plugin.clusterkit import RBAC_DIR, apply_rbac, node_bound_kubeconfig, sa_of
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -103,7 +102,6 @@ def _install_flow_schemas(cluster: Cluster, schemas: Sequence[dict[str, Any]]) -
 
 def _make_nodes(cluster: Cluster, settings: RollSettings, workdir: Path) -> list[PluginNode]:
     nodes = []
-    ports = free_loopback_ports(2 * settings.plugins)
     for i in range(settings.plugins):
         name = f"roll-{i:04d}"
         node = cluster.create_node(name)
@@ -114,7 +112,6 @@ def _make_nodes(cluster: Cluster, settings: RollSettings, workdir: Path) -> list
                 name=name,
                 workdir=work,
                 kubeconfig=node_bound_kubeconfig(cluster, node, DRIVER),
-                ports=(ports[2 * i], ports[2 * i + 1]),
                 flags=settings.flags,
                 surge=settings.surge,
             )
