@@ -4,7 +4,7 @@ one at a time as a DaemonSet rolling update would; prints the API requests per p
 start and per idle hour, the slice writes of the roll and the API server's CPU.
 See docs/scale.md ("Rolling update").
 
-    python -m bench.rolling --plugins 50 --idle-s 120 -o json
+    python -m bench.rolling --plugins 50 --idle-s 300 -o json
 """
 
 from __future__ import annotations
@@ -29,8 +29,14 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m bench.rolling", description=__doc__.split("\n")[0])
     p.add_argument("--plugins", type=int, default=50, help="nodes, one plugin process each "
                    "(default %(default)s)")  # fmt: skip
-    p.add_argument("--idle-s", type=float, default=120.0, help="seconds the started plugins "
-                   "are left idle before the roll (default %(default)g)")  # fmt: skip
+    p.add_argument(
+        "--idle-s",
+        type=float,
+        default=300.0,
+        help="seconds the started plugins are left idle before the roll; a multiple of "
+        "300 s, each slice watch's timeout, which ends in a list and a new watch "
+        "(default %(default)g)",
+    )
     p.add_argument("--profile", default="dgx-h100", help="emulator profile name or YAML file "
                    "(default %(default)s)")  # fmt: skip
     p.add_argument("--mig-mode", choices=("static", "dynamic"), default="static")

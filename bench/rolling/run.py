@@ -40,8 +40,10 @@ does not wait for the slice watch, whose request would fall into the next phase.
 class RollSettings:
     flags: PluginFlags
     plugins: int = 50
-    idle_s: float = 120.0
-    """How long the started plugins are left alone before the roll."""
+    idle_s: float = 300.0
+    """How long the started plugins are left alone before the roll: a multiple of the
+    plugin's 300 s slice watch, whose end (a list and a new watch) is all an idle
+    plugin asks the API server, so that each plugin's is counted as often as it comes."""
     surge: bool = False
     """maxSurge 1 / maxUnavailable 0 (the chart's default: the new process starts beside
     the old one, which is stopped once the new one is ready) instead of maxUnavailable 1."""
