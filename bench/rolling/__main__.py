@@ -77,7 +77,7 @@ def table(summary: dict[str, Any]) -> str:
             f"{name:6} {w['seconds']:>8} {w['plugin_requests_total']:>10} "
             f"{w['slice_writes_all_users']:>12} {w['cpu_s'].get('kube-apiserver', 0):>15}"
         )
-    lines.append("per plugin start (roll, idle traffic subtracted): " + _pairs(roll["per_start"]))
+    lines.append("per restart (roll / plugins): " + _pairs(roll["per_start"]))
     lines.append("per plugin per idle hour: " + _pairs(idle["per_plugin_per_hour"]))
     lines.append(
         f"all ready {start['all_ready_s']} s; roll {roll['wall_s']} s, per node turn "
