@@ -120,6 +120,13 @@ class PluginNode:
             self.process = None
         return time.monotonic() - began
 
+    def restart(self, grace_s: float = 30.0) -> float:
+        """maxUnavailable: the process stops, then the next one starts; seconds to the exit."""
+        exit_s = self.stop(grace_s)
+        self.restarts += 1
+        self.start()
+        return exit_s
+
     def start_beside(self) -> None:
         """Surge: the next process starts while the current one runs."""
         self._old = self.process

@@ -145,9 +145,7 @@ def _restart(node: PluginNode, surge: bool, timeout_s: float) -> dict[str, float
         _wait_ready([node], timeout_s)
         ready = time.monotonic() - began
         return {"ready_s": ready, "exit_s": node.stop_old(), "turn_s": time.monotonic() - began}
-    exit_s = node.stop()
-    node.restarts += 1
-    node.start()
+    exit_s = node.restart()
     _wait_ready([node], timeout_s)
     return {"exit_s": exit_s, "ready_s": time.monotonic() - began - exit_s,
             "turn_s": time.monotonic() - began}  # fmt: skip
