@@ -5,12 +5,16 @@ Two named background threads:
 - ``slice-sync`` lists our slices (field selector ``spec.nodeName`` +
   ``spec.driver``), diffs them against the desired split of the pool and
   writes the difference: obsolete slices first (delete with UID and
-  resourceVersion preconditions), then updates, then creates. Runs at start,
-  on every trigger, and every ``resync_interval_s``; on API errors it retries
-  with exponential backoff.
-- ``slice-watch`` watches the same slices and triggers a sync whenever
-  somebody else touches them -- the kubelet deletes all slices of its node
-  when it starts and 30 s after losing the plugin, and they must come back.
+  resourceVersion preconditions), then updates, then creates. Runs at start
+  and on every trigger; on API errors it retries with exponential backoff.
+  Every ``resync_interval_s`` it re-reads the pool, and asks the API server
+  only if the pool is not the one last synced: the watch reports every other
+  change (asking anyway cost each node 240 requests an idle hour).
+- ``slice-watch`` lists (once the first sync has recorded what it found) and
+  watches the same slices and triggers a sync whenever somebody else touches
+  them or a list finds them other than last written or found -- the kubelet
+  deletes all slices of its node when it starts and 30 s after losing the
+  plugin, and they must come back.
 
 Generation rule (what the scheduler expects): when exactly one existing slice
 changes, none is added or removed, and its devices keep their names (only
@@ -44,9 +48,9 @@ from dra_driver.plugin.kubeclient import (
 )
 from dra_driver.plugin.resources import Pool
 from dra_driver.plugin.slicediff import (
-    content_to_api_view,
     dropped_fields,
     has_list_attributes,
+    holds,
     plan_sync,
     written_fingerprint,
 )
@@ -119,6 +123,8 @@ class SlicePublisher:
         self._writing: set[str] = set()
         self._written_cond = threading.Condition()
         self._watch: Watch | None = None
+        self._synced_pool: Pool | None = None
+        self._first_sync = threading.Event()
         self._threads: list[threading.Thread] = []
 
     # -- lifecycle ---------------------------------------------------------
@@ -133,6 +139,7 @@ class SlicePublisher:
     def stop(self) -> None:
         self._stop.set()
         self._trigger.set()
+        self._first_sync.set()
         watch = self._watch
         if watch is not None:
             watch.close()
@@ -176,9 +183,11 @@ class SlicePublisher:
     def _sync_loop(self) -> None:
         retry = self._retry("publishing slices")
         while not self._stop.is_set():
-            self._trigger.wait(timeout=self._resync_s)
+            triggered = self._trigger.wait(timeout=self._resync_s)
             if self._stop.is_set():
                 return
+            if not triggered and self.status.in_sync and self._synced_pool == self._pool_source():
+                continue  # (a trigger set since the timeout is kept for the next wait)
             self._trigger.clear()
             started = time.perf_counter()
             try:
@@ -201,6 +210,9 @@ class SlicePublisher:
 
     def _watch_loop(self) -> None:
         retry = self._retry("watching slices")
+        # A new process finds its predecessor's slices: listed before the first sync
+        # recorded them as found, they would look changed and cost a second sync.
+        self._first_sync.wait()
         while not self._stop.is_set():
             try:
                 listed = self._client.list_resource_slices(self._selector)
@@ -264,16 +276,19 @@ class SlicePublisher:
         written = self._written.get(str(meta.get("name")))
         if written is not None and written == (meta.get("resourceVersion"), fp):
             return True
-        spec = have.get("spec", {})
-        return (
-            spec.get("pool") == want["spec"]["pool"]
-            and spec.get("nodeName") == self._node
-            and content_to_api_view(spec) == content_to_api_view(want["spec"])
-            and meta.get("ownerReferences") == want["metadata"]["ownerReferences"]
-        )
+        found = holds(have, want)
+        if found:  # e.g. a previous process's: the watch knows this version as ours now
+            self._written[str(meta.get("name"))] = (str(meta.get("resourceVersion")), fp)
+        return found
 
     def sync_once(self) -> None:
         """One full reconcile; raises SliceValidationError or KubeError."""
+        try:
+            self._reconcile()
+        finally:
+            self._first_sync.set()
+
+    def _reconcile(self) -> None:
         pool = self._pool_source()
         validate_pool(pool)
         contents = split_pool(pool)
@@ -290,7 +305,7 @@ class SlicePublisher:
         )
         current, n = plan.generation, plan.count
         if plan.in_sync:
-            self._generation = current
+            self._generation, self._synced_pool = current, pool
             self._set_status(in_sync=True, generation=current, slice_count=n, last_error="")
             return
         self._log.info(
@@ -315,7 +330,7 @@ class SlicePublisher:
             dropped |= self._write(obj, create=False)
         for obj in plan.create:
             dropped |= self._write(obj, create=True)
-        self._generation = current
+        self._generation, self._synced_pool = current, pool
         if dropped:
             self._log.error(
                 "the API server dropped fields we published (feature gate off?): %s",

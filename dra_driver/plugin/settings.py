@@ -33,7 +33,8 @@ class PluginSettings:
     cleanup_interval_s: float = 600.0
     """How often prepared claims are checked against the API server; also once at start."""
     resync_interval_s: float = 30.0
-    """Slices are re-listed and repaired at least this often, besides watch events."""
+    """How often the pool is re-read for a change nobody announced, which is then
+    published; the slices themselves are checked by the watch and its relists."""
     kubeconfig: Path | None = None
     """Kubeconfig file(s), ':'-joined; None uses the in-cluster service account."""
     kube_context: str | None = None

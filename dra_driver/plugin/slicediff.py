@@ -55,6 +55,18 @@ def content_to_api_view(spec: Obj) -> Obj:
     return {k: spec[k] for k in ("devices", "sharedCounters") if spec.get(k)}
 
 
+def holds(have: Obj, want: Obj) -> bool:
+    """Whether the stored slice ``have`` holds what ``want`` says (fields the server
+    adds aside): it need not be written."""
+    spec = have.get("spec", {})
+    return (
+        spec.get("pool") == want["spec"]["pool"]
+        and spec.get("nodeName") == want["spec"]["nodeName"]
+        and content_to_api_view(spec) == content_to_api_view(want["spec"])
+        and have.get("metadata", {}).get("ownerReferences") == want["metadata"]["ownerReferences"]
+    )
+
+
 def plan_sync(
     items: Sequence[Obj],
     contents: Sequence[SliceContent],

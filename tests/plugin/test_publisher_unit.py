@@ -138,3 +138,55 @@ def test_the_watch_waits_for_our_write_in_flight_before_calling_a_change_foreign
     assert pub._is_own_write({"metadata": {"name": name, "resourceVersion": "42"}})
     assert 0.2 < time.monotonic() - started < 5
     assert not pub._is_own_write({"metadata": {"name": name, "resourceVersion": "43"}})
+
+
+def _node_gets(api: FakeApiServer) -> int:
+    return api.requests.count(("GET", "/api/v1/nodes/node-a"))
+
+
+def test_a_restarted_plugin_takes_over_its_slices_with_one_sync_and_no_write(
+    api: FakeApiServer,
+) -> None:
+    """Issue 42 (rolling update): the new process's watch listed the slices before its
+    first sync had recorded them as found, took them for somebody else's change and
+    synced again; each of its relists (every watch's end) did the same."""
+    pool = Pool(devices=(Device("gpu-0"),))
+    old = _publisher(api, pool)
+    old.start()
+    wait_until(lambda: old.status.in_sync, timeout=10, what="first publish")
+    old.stop()
+    stored = {name: s["metadata"]["resourceVersion"] for name, s in api.slices.items()}
+    gets = _node_gets(api)
+    new = _publisher(api, pool)
+    new.start()
+    try:
+        wait_until(lambda: new.status.in_sync, timeout=10, what="taken over")
+        time.sleep(1.6)  # three of the fake's 0.5 s watches, each followed by a list
+    finally:
+        new.stop()
+    assert _node_gets(api) - gets == 1  # one sync: the start's
+    assert {n: s["metadata"]["resourceVersion"] for n, s in api.slices.items()} == stored
+
+
+def test_the_resync_timer_asks_the_api_server_only_for_an_unannounced_pool_change(
+    api: FakeApiServer,
+) -> None:
+    """The watch and its relists report every change to the slices; the timer only
+    catches a pool change nobody triggered (it cost two requests per node every 30 s)."""
+    pools = [Pool(devices=(Device("gpu-0"),))]
+    pub = _publisher(api, Pool(), resync_interval_s=0.2)
+    pub._pool_source = lambda: pools[-1]
+    pub.start()
+    try:
+        wait_until(lambda: pub.status.in_sync, timeout=10, what="first publish")
+        gets = _node_gets(api)
+        time.sleep(1.2)  # six intervals
+        assert _node_gets(api) == gets
+        pools.append(Pool(devices=(Device("gpu-0"), Device("gpu-1"))))  # no trigger()
+
+        def published() -> list[str]:
+            return [d["name"] for s in api.slices.values() for d in s["spec"]["devices"]]
+
+        wait_until(lambda: published() == ["gpu-0", "gpu-1"], timeout=10, what="new pool")
+    finally:
+        pub.stop()
