@@ -141,11 +141,11 @@ def fragmented_pct(
             continue
         for (c, m, num, milli), count in classes.items():
             fits_host = c <= n.cpu_milli - cpu[n.name] and m <= n.memory_mib - mem[n.name]
-            frag += count / total * _unusable(free, num, milli, fits_host)
+            frag += count / total * unusable_milli(free, num, milli, fits_host)
     return round(100 * frag / (1000 * sum(n.gpus for n in nodes)), 2)
 
 
-def _unusable(free: Sequence[int], num: int, milli: int, fits_host: bool) -> int:
+def unusable_milli(free: Sequence[int], num: int, milli: int, fits_host: bool) -> int:
     whole = sum(1 for f in free if f == 1000)
     if not fits_host:
         return sum(free)

@@ -207,4 +207,4 @@ def _reason(message: str) -> str:
     """The scheduler's message without node counts or the preemption part, so that
     rejections for the same reasons count together."""
     text = message.partition(": ")[2].partition(". preemption:")[0] or message
-    return re.sub(r"\b\d+ ", "", text)
+    return ", ".join(sorted(re.sub(r"\b\d+ ", "", part) for part in text.split(", ")))
