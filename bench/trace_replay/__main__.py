@@ -102,6 +102,13 @@ def main(argv: list[str] | None = None) -> int:
     else:
         for key, value in run.summary.items():
             print(f"{key:26} {value}")
+    if run.summary["undecided"]:
+        print(
+            f"bench.trace_replay: {run.summary['undecided']} pods neither bound nor rejected "
+            f"within --timeout {args.timeout:.0f} s: the rates undercount; raise --timeout",
+            file=sys.stderr,
+        )
+        return 1
     return 0
 
 
