@@ -9,7 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from bench.trace_replay.__main__ import NODES_FILE, PODS_FILE, TRACE_DIR_ENV, default_trace_dir
+from bench.trace_replay.__main__ import (
+    NODES_FILE,
+    PODS_FILE,
+    TRACE_DIR_ENV,
+    default_trace_dir,
+    main,
+)
 from bench.trace_replay.trace import TraceError, read_nodes, read_pods
 
 NODE_HEADER = "sn,cpu_milli,memory_mib,gpu,model"
@@ -109,3 +115,13 @@ def test_gpu_spec_lists_models_and_multi_gpu_pods_count_whole_gpus(tmp_path: Pat
     assert share.gpu_spec == ("V100M16", "V100M32")
     assert (share.kind, share.gpu_request_milli) == ("share", 250)
     assert (eight.kind, eight.gpu_milli, eight.gpu_request_milli) == ("8", 1000, 8000)
+
+
+def test_command_refuses_bad_input_before_starting_a_cluster(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    nodes = _write(tmp_path, NODE_HEADER, "n0,64000,262144,2,P100", "n1,64000,262144,x,P100")
+    assert main(["--mode", "slots"]) == 2
+    assert "'slots' (not yet: this replay does whole, consumable)" in capsys.readouterr().err
+    assert main(["--mode", "whole", "--nodes", str(nodes)]) == 2
+    assert f"{nodes}:3: column gpu: 'x' is not a whole number" in capsys.readouterr().err
