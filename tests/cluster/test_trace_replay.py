@@ -25,6 +25,7 @@ from dra_driver.quantity import parse
 from tests.trace_replay.test_trace_files import trace_dir
 
 SUBSET = 20
+pytestmark = pytest.mark.timeout(600)  # both replays run in the first test's setup
 Obj = dict[str, Any]
 
 
@@ -40,7 +41,7 @@ def replays() -> Iterator[dict[str, tuple[Replay, list[Obj]]]]:
     options = ClusterOptions(client_qps=CLIENT_QPS, client_burst=CLIENT_BURST)
     out = {}
     for mode in MODES:
-        settings = ReplaySettings(mode=mode, seed=42, scale=1 / SUBSET, timeout_s=60, settle_s=2)
+        settings = ReplaySettings(mode=mode, seed=42, scale=1 / SUBSET, timeout_s=150, settle_s=2)
         with (
             tempfile.TemporaryDirectory(prefix="dra-trace-test-") as work,
             Cluster(binaries, Path(work), options) as cluster,
