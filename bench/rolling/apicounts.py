@@ -17,11 +17,9 @@ zero a roll must show) and the API server's total.
 from __future__ import annotations
 
 import os
-import ssl
 import time
-import urllib.request
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -153,19 +151,17 @@ class Window:
 
 
 class ApiServerMetrics:
-    """Scrapes kube-apiserver's ``/metrics`` as the cluster's admin."""
+    """kube-apiserver's ``/metrics`` (``fetch`` returns its body), read as snapshots."""
 
     def __init__(
-        self, server: str, context: ssl.SSLContext, rules: Iterable[Rule], pids: Mapping[str, int]
+        self, fetch: Callable[[], bytes], rules: Iterable[Rule], pids: Mapping[str, int]
     ) -> None:
-        self._url = f"{server}/metrics"
-        self._context = context
+        self._fetch = fetch
         self._keys = {r.schema: r.key for r in rules} | {f"{PREFIX}{OTHER}": OTHER}
         self._pids = dict(pids)
 
     def snapshot(self) -> Snapshot:
-        with urllib.request.urlopen(self._url, context=self._context, timeout=30) as resp:  # noqa: S310
-            text = resp.read().decode()
+        text = self._fetch().decode()
         cpu = {name: cpu_seconds(pid) for name, pid in self._pids.items()}
         plugin: defaultdict[str, float] = defaultdict(float)
         requests: defaultdict[tuple[str, str], float] = defaultdict(float)

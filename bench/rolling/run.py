@@ -5,7 +5,6 @@ plugin, leave them idle, restart them one at a time; :func:`run_rolling` is what
 from __future__ import annotations
 
 import os
-import ssl
 import statistics
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -75,12 +74,6 @@ def _slices(cluster: Cluster) -> dict[str, tuple[str, str, int]]:
         for s in items
         if s["spec"].get("driver") == DRIVER
     }
-
-
-def _admin_ssl(cluster: Cluster) -> ssl.SSLContext:
-    context = ssl.create_default_context(cafile=str(cluster.ca_file))
-    context.load_cert_chain(str(cluster.certs.admin_cert), str(cluster.certs.admin_key))
-    return context
 
 
 def _install_flow_schemas(cluster: Cluster, schemas: Sequence[dict[str, Any]]) -> None:
@@ -196,7 +189,9 @@ def run_rolling(
     rules = plugin_rules(RBAC_DIR)
     _install_flow_schemas(cluster, flow_schemas(rules, namespace, account))
     pids = {c.name: c.pid for c in cluster.components if c.pid is not None}
-    metrics = ApiServerMetrics(cluster.server, _admin_ssl(cluster), rules, pids)
+    metrics = ApiServerMetrics(
+        lambda: cluster.fetch("kube-apiserver", "/metrics", timeout=30), rules, pids
+    )
     nodes = _make_nodes(cluster, settings, workdir)
     n = len(nodes)
     load_before = os.getloadavg()

@@ -192,12 +192,17 @@ class Cluster:
     def _https_ok(self, port: int, path: str) -> tuple[bool, str]:
         return http_ok(f"https://127.0.0.1:{port}{path}", self._ssl)
 
+    def fetch(self, component: str, path: str, timeout: float = 60.0) -> bytes:
+        """GET ``path`` on a running component's secure port as the cluster's admin: the
+        raw body of what is not an API object (``/metrics``, ``/debug/pprof/...``)."""
+        url = f"https://127.0.0.1:{self._ports[component]}{path}"
+        with urllib.request.urlopen(url, timeout=timeout, context=self._ssl) as resp:
+            return bytes(resp.read())
+
     def heap_profile(self, component: str, timeout: float = 60.0) -> bytes:
         """``/debug/pprof/heap`` of a running component (``ClusterOptions(profiling=True)``):
         the gzipped pprof protobuf ``go tool pprof`` reads, after a forced GC."""
-        url = f"https://127.0.0.1:{self._ports[component]}/debug/pprof/heap?gc=1"
-        with urllib.request.urlopen(url, timeout=timeout, context=self._ssl) as resp:
-            return bytes(resp.read())
+        return self.fetch(component, "/debug/pprof/heap?gc=1", timeout)
 
     def stop(self) -> None:
         """Stop every component (newest first) by PID; drop etcd data, keep logs."""
