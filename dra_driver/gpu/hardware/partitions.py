@@ -50,7 +50,6 @@ PlacementAttributes = Literal["full", "compact"]
 """What a dynamic MIG device carries: ``full`` (every attribute NVIDIA's driver publishes
 on a MIG device, plus ours) or ``compact`` (eight, for large fleets:
 :data:`~dra_driver.gpu.hardware.devices.COMPACT_DROPS` says which go and why)."""
-PLACEMENT_ATTRIBUTES: tuple[PlacementAttributes, ...] = ("full", "compact")
 
 OwnedInstance = tuple[str, int, int]
 """``(parent GPU UUID, GI profile ID, placement start)`` of a GPU instance we created."""
@@ -214,20 +213,16 @@ def binding_counters(offer: DynamicGpu) -> frozenset[str]:
     component holds per device. The bound is exact for slice-disjointness (a max-weight
     set of intervals) and ignores the other counters, so it can only keep too much.
     """
-    parts = [p for p in offer.partitions if not p.whole_gpu]
+    parts = [(p.placement, p.consumes()) for p in offer.partitions if not p.whole_gpu]
     used = {c for p in offer.partitions for c in p.consumes()}
     keep = {c for c in used if c.startswith("memory-slice-")}
-    end = max((p.placement.start + p.placement.size for p in parts), default=0)
+    end = max((at.start + at.size for at, _ in parts), default=0)
     for counter in used - keep:
         best = [0] * (end + 1)  # best[i]: the most of it placements within [i, end) take
         for i in range(end - 1, -1, -1):
             best[i] = max(
                 [best[i + 1]]
-                + [
-                    p.consumes().get(counter, 0) + best[i + p.placement.size]
-                    for p in parts
-                    if p.placement.start == i
-                ]
+                + [use.get(counter, 0) + best[i + at.size] for at, use in parts if at.start == i]
             )
         if best[0] > offer.counters.get(counter, 0):
             keep.add(counter)
