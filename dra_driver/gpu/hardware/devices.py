@@ -210,11 +210,12 @@ COMPACT_DROPS = ("brand", "architecture", "driverVersion", "cudaDriverVersion", 
 repeats its GPU's attributes; the control plane keeps every device's attributes in a Go
 map, whose memory doubles past 8 entries (kube-apiserver keeps two copies): 13 -> 8
 takes the slices' heap in kube-apiserver, scheduler and controller manager to 0.72x of
-``full`` (0.67x of what stop 39 published; docs/scale.md). What goes is implied by what stays: ``brand`` (always Nvidia) and
-``architecture`` by ``productName``/``cudaComputeCapability``, both driver versions are
-the node's (the whole GPU device still carries them), ``numaNode`` by
-``resource.kubernetes.io/numaNode``. A claim that reads one of them on such a device
-fails to schedule with a CEL "no such key" error, so this is opt-in."""
+``full`` (0.67x of what stop 39 published; docs/scale.md). What goes is implied by
+what stays: ``brand`` (always Nvidia) and ``architecture`` by ``productName`` and
+``cudaComputeCapability``, both driver versions are the node's (the whole GPU device
+still carries them), ``numaNode`` by ``resource.kubernetes.io/numaNode``. A claim that
+reads one of them on such a device fails to schedule with a CEL "no such key" error, so
+this is opt-in."""
 
 
 def partition_device(
