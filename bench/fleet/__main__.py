@@ -87,6 +87,14 @@ def parser() -> argparse.ArgumentParser:
         "profiles (pprof, after a GC) into DIR at the end: `go tool pprof -top` shows "
         "what they hold per device",
     )
+    p.add_argument(
+        "--cpu-profile",
+        type=Path,
+        metavar="FILE",
+        help="write kube-scheduler's CPU profile (pprof) of the timed pods' first "
+        "--cpu-profile-seconds to FILE: `go tool pprof -top FILE` says where its time goes",
+    )
+    p.add_argument("--cpu-profile-seconds", type=int, default=10)
     p.add_argument("-o", "--output", choices=("text", "json"), default="text")
     return p
 
@@ -106,11 +114,13 @@ def main(argv: list[str] | None = None) -> int:
         ),
         shape=args.shape,
         timeout_s=args.timeout,
+        cpu_profile=args.cpu_profile,
+        cpu_profile_s=args.cpu_profile_seconds,
     )
     options = ClusterOptions(
         client_qps=args.client_qps or None,
         client_burst=args.client_burst or None,
-        profiling=args.heap_profiles is not None,
+        profiling=args.heap_profiles is not None or args.cpu_profile is not None,
     )
     print(
         "control plane: kube-scheduler and kube-controller-manager with "

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -57,6 +58,10 @@ class FleetSettings:
     timeout_s: float = 300.0
     workers: int = 4
     """Threads that create pods (and claims) at once."""
+    cpu_profile: Path | None = None
+    """Write kube-scheduler's CPU profile of the timed pods' first ``cpu_profile_s``
+    seconds here (needs ``ClusterOptions(profiling=True)``)."""
+    cpu_profile_s: int = 10
 
 
 @dataclass
@@ -152,6 +157,26 @@ def _node_maker(cluster: Cluster) -> Callable[[str], None]:
     return make
 
 
+def _start_cpu_profile(cluster: Cluster, settings: FleetSettings) -> threading.Thread | None:
+    """Fetch kube-scheduler's ``/debug/pprof/profile`` while the timed pods schedule:
+    where its time goes per pod (``go tool pprof -top``), e.g. converting slices."""
+    out = settings.cpu_profile
+    if out is None:
+        return None
+    seconds = settings.cpu_profile_s
+
+    def fetch() -> None:
+        body = cluster.fetch(
+            "kube-scheduler", f"/debug/pprof/profile?seconds={seconds}", timeout=seconds + 60
+        )
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_bytes(body)
+
+    thread = threading.Thread(target=fetch, name="scheduler-cpu-profile", daemon=True)
+    thread.start()
+    return thread
+
+
 def run_fleet(cluster: Cluster, settings: FleetSettings) -> FleetRun:
     """Build the fleet on ``cluster`` and time ``settings.pods`` pods; never raises for
     pods left unbound (``bound`` < ``pods`` says so)."""
@@ -206,8 +231,11 @@ def run_fleet(cluster: Cluster, settings: FleetSettings) -> FleetRun:
                 f"within {settings.timeout_s:.0f} s"
             )
         fill_s = time.monotonic() - t0
+        profiler = _start_cpu_profile(cluster, settings)
         created = _create_pods(cluster, timed, settings, spec)
         watch.wait(timed, settings.timeout_s)
+        if profiler is not None:
+            profiler.join(settings.cpu_profile_s + 60)
     finally:
         watch.stop()
     summary = {

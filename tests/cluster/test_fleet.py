@@ -66,10 +66,12 @@ def test_minimal_shape_binds_a_full_fleet_of_shared_counter_placements(
     """``--shape minimal --check`` from the command line, on dynamic MIG with a claim
     whose placements share one media-engine set per GPU: 75 % of the capacity (one per
     GPU, not the seven published) as ``--fill``, then the last quarter timed. The heap
-    profiles it writes are the components' own, holding the published slices."""
+    profiles it writes are the components' own, holding the published slices; the CPU
+    profile is kube-scheduler's."""
     argv = ["--nodes", "5", "--pods", "10", "--profile", "dgx-a100-mig-on", "--mig-mode",
             "dynamic", "--claim", "mig:1g.10gb+me", "--fill", "0.75", "--shape", "minimal",
             "--check", "--timeout", "60", "--heap-profiles", str(tmp_path / "heap"),
+            "--cpu-profile", str(tmp_path / "cpu.pb.gz"), "--cpu-profile-seconds", "1",
             "-o", "json"]  # fmt: skip
     rc = main(argv)
     summary = json.loads(capsys.readouterr().out)
@@ -78,6 +80,8 @@ def test_minimal_shape_binds_a_full_fleet_of_shared_counter_placements(
     for written in summary["heap_profiles"]:
         profile = gzip.decompress(Path(written).read_bytes())  # pprof: gzipped protobuf
         assert b"k8s.io/api/resource/v1.(*Device).Unmarshal" in profile, written
+    cpu = gzip.decompress((tmp_path / "cpu.pb.gz").read_bytes())
+    assert b"kube-scheduler" in cpu  # the scheduler's own binary, sampled while timing
     assert summary["shape"] == "minimal"
     assert (summary["capacity_claims"], summary["fill_pods"], summary["bound"]) == (40, 30, 10)
     assert summary["slice_bytes_per_node"] < 100_000  # the driver's: about 240 kB
