@@ -208,3 +208,37 @@ def test_a_domain_from_creation_to_ready_and_back_to_nothing(
     wait_for(gone, what="domain deleted", timeout=90)
     assert _left(cluster, ns, user_ns, uid) == []
     assert controller.stop() == 0
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        pytest.param("GET", "/api/v1/namespaces/{ns}/secrets", id="secrets"),
+        pytest.param("GET", "/api/v1/pods", id="pods-cluster-wide"),
+        pytest.param("GET", "/api/v1/namespaces/{user}/pods", id="pods-elsewhere"),
+        pytest.param("POST", "/api/v1/namespaces/{ns}/pods", id="create-pod"),
+        pytest.param("PATCH", "/api/v1/namespaces/{ns}/pods/x", id="patch-pod"),
+        pytest.param("POST", "/apis/apps/v1/namespaces/{user}/daemonsets", id="ds-elsewhere"),
+        pytest.param("PATCH", "/apis/apps/v1/namespaces/{ns}/daemonsets/x", id="patch-ds"),
+        pytest.param("DELETE", "/api/v1/nodes/x", id="delete-node"),
+        pytest.param("PUT", "/api/v1/nodes/x", id="update-node"),
+        pytest.param("DELETE", f"{CD_API}/namespaces/{{user}}/computedomains/x", id="delete-cd"),
+        pytest.param("POST", f"{CD_API}/namespaces/{{user}}/computedomaincliques", id="clique-out"),
+        pytest.param("GET", f"{RESOURCE_API}/resourceclaims", id="claims"),
+    ],
+)
+def test_what_the_controller_does_not_need_is_denied(
+    cluster: Cluster, cluster_namespace: str, driver_namespace: str, method: str, path: str
+) -> None:
+    from dra_driver.plugin.kubeclient import KubeApiError, KubeClient
+
+    kubeconfig = cluster.service_account_kubeconfig(
+        driver_namespace, f"{driver_namespace}-compute-domain-controller"
+    )
+    client = KubeClient.from_kubeconfig(str(kubeconfig))
+    where = path.format(ns=driver_namespace, user=cluster_namespace)
+    body = None if method in ("GET", "DELETE") else {}
+    kind = "application/merge-patch+json" if method == "PATCH" else "application/json"
+    with pytest.raises(KubeApiError) as err:
+        client.request(method, where, body=body, content_type=kind)
+    assert err.value.status == 403, err.value
