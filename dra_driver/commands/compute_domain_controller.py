@@ -98,6 +98,8 @@ def run(args: argparse.Namespace) -> int:
         controller.run(stop)
     finally:
         api.close()
+        counts = api.counts
+        logger.info("api writes", extra={"writes": counts.writes, "conflicts": counts.conflicts})
     if controller.failed is not None:
         return 1
     logger.info("compute-domain controller stopped")
