@@ -48,16 +48,26 @@ DRIVER_NS = "dra-driver"
 WORK_NS = "imex-job"
 TEMPLATE = "imex-job-channel"
 WRITES = frozenset({"POST", "PUT", "PATCH", "APPLY", "DELETE", "DELETECOLLECTION"})
-CONTROLLER_RESOURCES = ("computedomains", "computedomains/status", "computedomaincliques",
-                        "daemonsets", "resourceclaimtemplates")  # fmt: skip
+CONTROLLER_RESOURCES = (
+    "computedomains",
+    "computedomains/status",
+    "computedomaincliques",
+    "daemonsets",
+    "resourceclaimtemplates",
+)
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m bench.compute_domain",
-                                description=__doc__.split("\n")[0])  # fmt: skip
+    p = argparse.ArgumentParser(
+        prog="python -m bench.compute_domain", description=__doc__.split("\n")[0]
+    )
     p.add_argument("--nodes", type=int, default=16, help="nodes in the domain (default 16)")
-    p.add_argument("--clique-size", type=int, default=18,
-                   help="nodes per NVLink clique (an NVL72 rack: 18) (default 18)")  # fmt: skip
+    p.add_argument(
+        "--clique-size",
+        type=int,
+        default=18,
+        help="nodes per NVLink clique (an NVL72 rack: 18) (default 18)",
+    )
     p.add_argument("--workers", type=int, default=16, help="threads playing the nodes' writes")
     p.add_argument("--controller-workers", type=int, default=4)
     p.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for Ready")
@@ -85,30 +95,46 @@ def install(cluster: Cluster) -> None:
 
 def node_slice(node: str, clique: str) -> Obj:
     def device(name: str, kind: str) -> Obj:
-        attributes = {"type": {"string": kind}, "id": {"int": 0},
-                      names.CLIQUE_ATTRIBUTE: {"string": clique}}  # fmt: skip
+        attributes = {
+            "type": {"string": kind},
+            "id": {"int": 0},
+            names.CLIQUE_ATTRIBUTE: {"string": clique},
+        }
         return {"name": name, "attributes": attributes}
 
     return {
-        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
         "metadata": {"name": f"{node}-compute-domain"},
-        "spec": {"driver": names.DRIVER_NAME, "nodeName": node,
-                 "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
-                 "devices": [device(names.CHANNEL_DEVICE, "channel"),
-                             device(names.DAEMON_DEVICE, "daemon")]},
-    }  # fmt: skip
+        "spec": {
+            "driver": names.DRIVER_NAME,
+            "nodeName": node,
+            "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+            "devices": [
+                device(names.CHANNEL_DEVICE, "channel"),
+                device(names.DAEMON_DEVICE, "daemon"),
+            ],
+        },
+    }
 
 
 def workload_pod(i: int) -> Obj:
     return {
-        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"rank-{i:04d}"},
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": f"rank-{i:04d}"},
         "spec": {
             "resourceClaims": [{"name": "imex", "resourceClaimTemplateName": TEMPLATE}],
-            "containers": [{"name": "main", "image": "registry.invalid/pause:1",
-                            "resources": {"claims": [{"name": "imex"}]}}],
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "registry.invalid/pause:1",
+                    "resources": {"claims": [{"name": "imex"}]},
+                }
+            ],
             "terminationGracePeriodSeconds": 0,
         },
-    }  # fmt: skip
+    }
 
 
 def request_counts(cluster: Cluster) -> dict[tuple[str, str, str], float]:
@@ -128,8 +154,14 @@ def request_counts(cluster: Cluster) -> dict[tuple[str, str, str], float]:
 class NodePlayer:
     """Plays the nodes' writes as their triggers show up in two pod caches."""
 
-    def __init__(self, cluster: Cluster, api: ControllerApi, uid: str, clique_of: Callable[
-            [str], str], workers: int) -> None:  # fmt: skip
+    def __init__(
+        self,
+        cluster: Cluster,
+        api: ControllerApi,
+        uid: str,
+        clique_of: Callable[[str], str],
+        workers: int,
+    ) -> None:
         self._cluster = cluster
         self._uid = uid
         self._clique_of = clique_of
@@ -138,10 +170,17 @@ class NodePlayer:
         self._labelled: set[str] = set()
         self._ready: set[str] = set()
         pods = Resource("/api/v1", "pods", True)
-        self.workload = Informer(api, pods, namespace=WORK_NS, on_change=self._workload,
-                                 resync_s=3600)  # fmt: skip
-        self.daemons = Informer(api, pods, namespace=DRIVER_NS, on_change=self._daemon,
-                                label_selector=f"{names.DOMAIN_LABEL}={uid}", resync_s=3600)  # fmt: skip
+        self.workload = Informer(
+            api, pods, namespace=WORK_NS, on_change=self._workload, resync_s=3600
+        )
+        self.daemons = Informer(
+            api,
+            pods,
+            namespace=DRIVER_NS,
+            on_change=self._daemon,
+            label_selector=f"{names.DOMAIN_LABEL}={uid}",
+            resync_s=3600,
+        )
 
     def start(self) -> None:
         self.workload.start()
@@ -179,39 +218,73 @@ class NodePlayer:
         number = int(node.rsplit("-", 1)[1])
         ip = f"10.{64 + number // 65536}.{number // 256 % 256}.{number % 256}"
         now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        rest.merge_patch(f"{path}/status", {"status": {
-            "phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}],
-            "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": now}]}})  # fmt: skip
+        rest.merge_patch(
+            f"{path}/status",
+            {
+                "status": {
+                    "phase": "Running",
+                    "podIP": ip,
+                    "podIPs": [{"ip": ip}],
+                    "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": now}],
+                }
+            },
+        )
 
 
 def run(cluster: Cluster, args: argparse.Namespace, work: Path) -> dict[str, Any]:
     install(cluster)
     nodes = [f"cd-{i:04d}" for i in range(args.nodes)]
-    cliques = {n: f"5b4f6e2a-0000-4000-8000-0000000000aa.{i // args.clique_size}"
-               for i, n in enumerate(nodes)}  # fmt: skip
+    cliques = {
+        n: f"5b4f6e2a-0000-4000-8000-0000000000aa.{i // args.clique_size}"
+        for i, n in enumerate(nodes)
+    }
     with ThreadPoolExecutor(16) as pool:
         list(pool.map(cluster.create_node, nodes))
-        list(pool.map(lambda n: cluster.rest.create(f"{RESOURCE_API}/resourceslices",
-                                                    node_slice(n, cliques[n])), nodes))  # fmt: skip
+        list(
+            pool.map(
+                lambda n: cluster.rest.create(
+                    f"{RESOURCE_API}/resourceslices", node_slice(n, cliques[n])
+                ),
+                nodes,
+            )
+        )
     log = work / "controller.log"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     with log.open("wb") as out:
         controller = subprocess.Popen(
-            [sys.executable, "-m", "dra_driver", "--log-format=json", "compute-domain-controller",
-             f"--kubeconfig={cluster.kubeconfig}", f"--namespace={DRIVER_NS}", "--image=img:bench",
-             f"--workers={args.controller_workers}"], stdout=out, stderr=out, env=env)  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "dra_driver",
+                "--log-format=json",
+                "compute-domain-controller",
+                f"--kubeconfig={cluster.kubeconfig}",
+                f"--namespace={DRIVER_NS}",
+                "--image=img:bench",
+                f"--workers={args.controller_workers}",
+            ],
+            stdout=out,
+            stderr=out,
+            env=env,
+        )
     api = ControllerApi(kubeauth.kubeconfig(str(cluster.kubeconfig)), pool_size=32)
     player: NodePlayer | None = None
     try:
         time.sleep(2.0)  # the controller's caches (its import and lists)
         before = request_counts(cluster)
         t0 = time.monotonic()
-        domain = {"apiVersion": f"{names.API_GROUP}/{names.API_VERSION}",
-                  "kind": names.DOMAIN_KIND, "metadata": {"name": "imex-job"},
-                  "spec": {"numNodes": args.nodes,
-                           "channel": {"resourceClaimTemplate": {"name": TEMPLATE}}}}  # fmt: skip
-        uid = cluster.rest.create(f"{CD_API}/namespaces/{WORK_NS}/{names.DOMAIN_PLURAL}",
-                                  domain)["metadata"]["uid"]  # fmt: skip
+        domain = {
+            "apiVersion": f"{names.API_GROUP}/{names.API_VERSION}",
+            "kind": names.DOMAIN_KIND,
+            "metadata": {"name": "imex-job"},
+            "spec": {
+                "numNodes": args.nodes,
+                "channel": {"resourceClaimTemplate": {"name": TEMPLATE}},
+            },
+        }
+        uid = cluster.rest.create(f"{CD_API}/namespaces/{WORK_NS}/{names.DOMAIN_PLURAL}", domain)[
+            "metadata"
+        ]["uid"]
         player = NodePlayer(cluster, api, uid, cliques.__getitem__, args.workers)
         player.start()
         marks: dict[str, float] = {}
@@ -223,8 +296,14 @@ def run(cluster: Cluster, args: argparse.Namespace, work: Path) -> dict[str, Any
             except Exception:
                 time.sleep(0.05)
         with ThreadPoolExecutor(16) as pool:
-            list(pool.map(lambda i: cluster.rest.create(
-                f"/api/v1/namespaces/{WORK_NS}/pods", workload_pod(i)), range(args.nodes)))  # fmt: skip
+            list(
+                pool.map(
+                    lambda i: cluster.rest.create(
+                        f"/api/v1/namespaces/{WORK_NS}/pods", workload_pod(i)
+                    ),
+                    range(args.nodes),
+                )
+            )
         marks["pods_created"] = time.monotonic() - t0
         deadline = t0 + args.timeout
         while time.monotonic() < deadline and not {"claims", "daemons", "domain"} <= marks.keys():
@@ -236,13 +315,18 @@ def run(cluster: Cluster, args: argparse.Namespace, work: Path) -> dict[str, Any
                     marks["claims"] = now
             if "daemons" not in marks:
                 found = cluster.rest.get(f"{CD_API}/namespaces/{DRIVER_NS}/{names.CLIQUE_PLURAL}")
-                ready = sum(1 for c in found["items"] for d in c.get("daemons") or []
-                            if d.get("status") == "Ready")  # fmt: skip
+                ready = sum(
+                    1
+                    for c in found["items"]
+                    for d in c.get("daemons") or []
+                    if d.get("status") == "Ready"
+                )
                 if ready == args.nodes:
                     marks["daemons"] = now
             if "domain" not in marks:
-                status = cluster.rest.get(f"{CD_API}/namespaces/{WORK_NS}/"
-                                          f"{names.DOMAIN_PLURAL}/imex-job").get("status", {})  # fmt: skip
+                status = cluster.rest.get(
+                    f"{CD_API}/namespaces/{WORK_NS}/{names.DOMAIN_PLURAL}/imex-job"
+                ).get("status", {})
                 if status.get("status") == "Ready" and len(status.get("nodes", [])) == args.nodes:
                     marks["domain"] = now
             time.sleep(0.25)
@@ -255,13 +339,21 @@ def run(cluster: Cluster, args: argparse.Namespace, work: Path) -> dict[str, Any
         controller.terminate()
         controller.wait(30)
     diff = {k: v - before.get(k, 0.0) for k, v in after.items() if v - before.get(k, 0.0)}
-    writes = {f"{verb} {res}": round(sum(v for (vb, rs, _), v in diff.items()
-                                         if vb == verb and rs == res))
-              for (verb, res, _) in diff if verb in WRITES}  # fmt: skip
-    conflicts = {f"{verb} {res}": round(v) for (verb, res, code), v in diff.items()
-                 if code == "409"}  # fmt: skip
-    own = [json.loads(line) for line in log.read_text().splitlines()
-           if line.startswith("{") and '"api writes"' in line]  # fmt: skip
+    writes = {
+        f"{verb} {res}": round(
+            sum(v for (vb, rs, _), v in diff.items() if vb == verb and rs == res)
+        )
+        for (verb, res, _) in diff
+        if verb in WRITES
+    }
+    conflicts = {
+        f"{verb} {res}": round(v) for (verb, res, code), v in diff.items() if code == "409"
+    }
+    own = [
+        json.loads(line)
+        for line in log.read_text().splitlines()
+        if line.startswith("{") and '"api writes"' in line
+    ]
     return {
         "nodes": args.nodes,
         "cliques": len(set(cliques.values())),
@@ -274,10 +366,11 @@ def run(cluster: Cluster, args: argparse.Namespace, work: Path) -> dict[str, Any
         "controller_writes": own[-1]["writes"] if own else None,
         "controller_conflicts": own[-1]["conflicts"] if own else None,
         "controller_resources_writes": sum(
-            v for k, v in writes.items() if k.split(" ", 1)[1] in CONTROLLER_RESOURCES),
+            v for k, v in writes.items() if k.split(" ", 1)[1] in CONTROLLER_RESOURCES
+        ),
         "client_qps": cluster.options.client_qps,
         "load_average": [round(x, 2) for x in os.getloadavg()],
-    }  # fmt: skip
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
