@@ -177,3 +177,30 @@ def test_labels_of_a_domain_that_is_gone_are_removed(
         labels = cluster.rest.get(f"/api/v1/nodes/{kept}")["metadata"]["labels"]
         assert labels[names.DOMAIN_LABEL] == live
         assert controller.failed is None
+
+
+def test_a_template_name_already_taken_is_left_alone_and_said(
+    cluster: Cluster, cluster_namespace: str, setup: tuple[str, str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
+    name = unique("taken")
+    theirs = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+              "metadata": {"name": f"{name}-ch", "namespace": cluster_namespace},
+              "spec": {"spec": {"devices": {"requests": [
+                  {"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}
+              ]}}}}  # fmt: skip
+    path = f"{RESOURCE_API}/namespaces/{cluster_namespace}/resourceclaimtemplates"
+    before = cluster.rest.create(path, theirs)
+    cluster.rest.create(f"{CD_API}/namespaces/{cluster_namespace}/{names.DOMAIN_PLURAL}",
+                        domain(name, f"{name}-ch"))  # fmt: skip
+    uid = cluster.rest.get(f"{CD_API}/namespaces/{cluster_namespace}/"
+                           f"{names.DOMAIN_PLURAL}/{name}")["metadata"]["uid"]  # fmt: skip
+    with caplog.at_level("ERROR"), running(setup) as controller:
+        ds = f"/apis/apps/v1/namespaces/{setup[0]}/daemonsets/{objects.daemonset_name(uid)}"
+        wait_for(lambda: get_or_none(cluster, ds), what="the domain's DaemonSet")
+        wait_for(lambda: [r for r in caplog.records if "is not this domain's" in r.getMessage()],
+                 what="the error")  # fmt: skip
+        assert controller.failed is None
+    stored = cluster.rest.get(f"{path}/{name}-ch")
+    assert names.DOMAIN_LABEL not in (stored["metadata"].get("labels") or {})
+    assert stored["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]

@@ -20,6 +20,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 from dra_driver.computedomain import names
 from dra_driver.computedomain.controller import cliques as cliquing
@@ -75,6 +76,7 @@ class Reconciler:
         self._settings = settings
         self._clock = clock
         self._memo: dict[str, tuple[object, float]] = {}
+        self._reported: set[str] = set()
 
     # -- live domains -------------------------------------------------------------
 
@@ -103,9 +105,11 @@ class Reconciler:
         self._ensure(self._caches.daemonsets, objects.daemonset(domain, self._settings), DAEMONSETS)
         entries = self._sync_cliques(domain.uid)
         status = cliquing.domain_status(entries)
-        if status != obj.get("status") and not self._recent(f"status/{domain.uid}", status):
-            self._api.merge_patch(DOMAINS.item(domain.namespace, domain.name, "status"),
-                                  {"status": status})  # fmt: skip
+        path = DOMAINS.item(domain.namespace, domain.name, "status")
+        if status != obj.get("status") and self._write_once(
+            f"status/{domain.uid}", status,
+            lambda: self._api.merge_patch(path, {"status": status}),
+        ):  # fmt: skip
             log.info("status written", extra={"status": status["status"],
                                               "nodes": len(status["nodes"])})  # fmt: skip
         return None
@@ -120,14 +124,42 @@ class Reconciler:
         meta = want["metadata"]
         if cache.get((meta["namespace"], meta["name"])) is not None:
             return
-        if self._recent(f"create/{resource.plural}/{meta['namespace']}/{meta['name']}", True):
-            return
+        what = f"create/{resource.plural}/{meta['namespace']}/{meta['name']}"
         try:
-            self._api.write("POST", resource.collection(meta["namespace"]), want)
-        except ConflictError:  # already there: the cache had not caught up
+            wrote = self._write_once(
+                what,
+                True,
+                lambda: self._api.write("POST", resource.collection(meta["namespace"]), want),
+            )
+        except ConflictError:  # there already: the cache had not caught up, or not ours
+            if self._foreign(resource, want):
+                self._memo[what] = (True, self._clock())  # ask again after MEMO_S only
             return
-        logger.info("created", extra={"kind": want["kind"], "namespace": meta["namespace"],
-                                      "object": meta["name"], "uid": _uid_of(want)})  # fmt: skip
+        if wrote:
+            where = {"namespace": meta["namespace"], "object": meta["name"]}
+            logger.info("created", extra={"kind": want["kind"], **where, "uid": _uid_of(want)})
+
+    def _foreign(self, resource: Resource, want: Obj) -> bool:
+        """True, and said once, when an object of that name exists that is not this
+        domain's (a workload template name already used in the namespace): it is left
+        alone, and the domain's pods would get that template's claims."""
+        meta = want["metadata"]
+        try:
+            found = self._api.request("GET", resource.item(meta["namespace"], meta["name"]))
+        except NotFoundError:
+            return False
+        if _uid_of(found) == _uid_of(want):
+            return False
+        key = f"{resource.plural}/{meta['namespace']}/{meta['name']}/{_uid_of(want)}"
+        if key not in self._reported:
+            self._reported.add(key)
+            logger.error(
+                "an object of that name exists and is not this domain's; delete the domain "
+                "and name another template in spec.channel.resourceClaimTemplate.name",
+                extra={"kind": want["kind"], "namespace": meta["namespace"],
+                       "object": meta["name"], "uid": _uid_of(want)},
+            )  # fmt: skip
+        return True
 
     def _sync_cliques(self, uid: str) -> dict[str, list[Obj]]:
         namespace = self._settings.namespace
@@ -140,26 +172,30 @@ class Reconciler:
         for clique_id, daemons in want.items():
             name = objects.clique_name(uid, clique_id)
             if name not in held:
-                if not self._recent(f"clique/{name}", daemons):
-                    self._api.write("POST", CLIQUES.collection(namespace),
-                                    objects.clique(uid, clique_id, namespace, daemons))  # fmt: skip
-            elif current.get(clique_id) != daemons and not self._recent(f"clique/{name}", daemons):
-                self._api.merge_patch(CLIQUES.item(namespace, name), {"daemons": daemons})
+                body = objects.clique(uid, clique_id, namespace, daemons)
+                post = partial(self._api.write, "POST", CLIQUES.collection(namespace), body)
+                self._write_once(f"clique/{name}", daemons, post)
+            elif current.get(clique_id) != daemons:
+                path = CLIQUES.item(namespace, name)
+                patch = partial(self._api.merge_patch, path, {"daemons": daemons})
+                self._write_once(f"clique/{name}", daemons, patch)
         for name in held.keys() - {objects.clique_name(uid, c) for c in want}:
             self._delete(CLIQUES.item(namespace, name))
         return want
 
-    def _recent(self, what: str, value: object) -> bool:
-        """True if ``value`` was written for ``what`` in the last MEMO_S seconds (the
-        cache may not show it yet); otherwise remembers it as written now."""
+    def _write_once(self, what: str, value: object, write: Callable[[], object]) -> bool:
+        """Runs ``write`` unless ``value`` was written for ``what`` in the last MEMO_S
+        seconds (a cache that has not caught up would ask for it again); remembers it
+        once the write succeeded. True if it wrote."""
         now = self._clock()
         seen = self._memo.get(what)
         if seen is not None and seen[0] == value and now - seen[1] < MEMO_S:
-            return True
+            return False
+        write()
         self._memo[what] = (value, now)
         if len(self._memo) > 100_000:
             self._memo = {k: v for k, v in self._memo.items() if now - v[1] < MEMO_S}
-        return False
+        return True
 
     # -- teardown -------------------------------------------------------------------
 
@@ -203,9 +239,8 @@ class Reconciler:
                 raise
 
     def _delete(self, path: str, params: dict[str, str | int] | None = None) -> None:
-        if self._recent(f"delete/{path}", True):
-            return
         try:
-            self._api.write("DELETE", path, params=params)
+            self._write_once(f"delete/{path}", True,
+                             lambda: self._api.write("DELETE", path, params=params))  # fmt: skip
         except NotFoundError:
             pass
