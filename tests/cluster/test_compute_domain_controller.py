@@ -242,3 +242,48 @@ def test_what_the_controller_does_not_need_is_denied(
     with pytest.raises(KubeApiError) as err:
         client.request(method, where, body=body, content_type=kind)
     assert err.value.status == 403, err.value
+
+
+@pytest.mark.parametrize(
+    ("patch", "says"),
+    [
+        pytest.param({"metadata": {"labels": {"team": "b"}}}, "only remove", id="other-label"),
+        pytest.param({"metadata": {"labels": {names.DOMAIN_LABEL: "0badc0de"}}}, "only remove",
+                     id="relabel"),
+        pytest.param({"spec": {"unschedulable": True}}, "change nothing", id="cordon"),
+        pytest.param({"metadata": {"annotations": {"a": "b"}}}, "change nothing",
+                     id="annotation"),
+    ],
+)  # fmt: skip
+def test_on_nodes_the_controller_may_only_remove_a_domain_label(
+    cluster: Cluster, driver_namespace: str, patch: dict[str, Any], says: str
+) -> None:
+    from dra_driver.plugin.kubeclient import KubeApiError, KubeClient
+
+    node = cluster.create_node(unique("cd-policy"), labels={"team": "a"})["metadata"]["name"]
+    cluster.rest.merge_patch(f"/api/v1/nodes/{node}",
+                             {"metadata": {"labels": {names.DOMAIN_LABEL: "0ddba11"}}})  # fmt: skip
+    kubeconfig = cluster.service_account_kubeconfig(
+        driver_namespace, f"{driver_namespace}-compute-domain-controller"
+    )
+    client = KubeClient.from_kubeconfig(str(kubeconfig))
+    merge = "application/merge-patch+json"
+
+    def in_force() -> bool:
+        """The API server enforces a new policy about a second after it is created."""
+        probe = {"metadata": {"annotations": {"probe": unique("p")}}}  # a change each time
+        try:
+            client.request("PATCH", f"/api/v1/nodes/{scratch}", body=probe, content_type=merge)
+        except KubeApiError:
+            return True
+        return False
+
+    scratch = cluster.create_node(unique("cd-probe"))["metadata"]["name"]
+    wait_for(in_force, what="the node policy in force", timeout=30)
+    with pytest.raises(KubeApiError) as err:
+        client.request("PATCH", f"/api/v1/nodes/{node}", body=patch, content_type=merge)
+    assert err.value.status in (403, 422) and says in str(err.value), err.value
+    removal = {"metadata": {"labels": {names.DOMAIN_LABEL: None}}}
+    client.request("PATCH", f"/api/v1/nodes/{node}", body=removal, content_type=merge)
+    labels = cluster.rest.get(f"/api/v1/nodes/{node}")["metadata"]["labels"]
+    assert names.DOMAIN_LABEL not in labels and labels["team"] == "a"

@@ -4,6 +4,7 @@ accepted, defaults are filled in, and bad domains are refused naming the field."
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -17,8 +18,12 @@ EXAMPLES = ROOT / "deploy" / "examples"
 
 
 @pytest.fixture(scope="module")
-def crds(cluster: Cluster) -> None:
+def crds(cluster: Cluster, cluster_namespace: str) -> Iterator[None]:
+    """The CRDs; the domains made here are deleted after (no controller runs meanwhile,
+    so none has a finalizer), or a later module's controller would set them up."""
     install_crds(cluster)
+    yield
+    cluster.rest.request("DELETE", f"{CD_API}/namespaces/{cluster_namespace}/{names.DOMAIN_PLURAL}")
 
 
 def create(cluster: Cluster, namespace: str, obj: dict[str, Any]) -> dict[str, Any]:

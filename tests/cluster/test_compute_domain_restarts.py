@@ -53,10 +53,18 @@ class DyingApi(ControllerApi):
 
 
 @pytest.fixture(scope="module")
-def setup(cluster: Cluster) -> tuple[str, str]:
+def setup(cluster: Cluster, cluster_namespace: str) -> Iterator[tuple[str, str]]:
+    """The controller's namespace and kubeconfig; after the module, a controller tears
+    down every domain left in the module's namespace (a later module's controller would
+    otherwise find them)."""
     install_crds(cluster)
     namespace, account = controller_rbac(cluster)
-    return namespace, str(cluster.service_account_kubeconfig(namespace, account))
+    made = namespace, str(cluster.service_account_kubeconfig(namespace, account))
+    yield made
+    domains = f"{CD_API}/namespaces/{cluster_namespace}/{names.DOMAIN_PLURAL}"
+    with running(made):
+        cluster.rest.request("DELETE", domains)
+        wait_for(lambda: not cluster.rest.get(domains)["items"], what="domains gone", timeout=90)
 
 
 @contextmanager

@@ -10,6 +10,7 @@ from dra_driver.computedomain.controller.cliques import (
     cliques,
     daemons_of,
     domain_status,
+    waiting,
 )
 
 
@@ -66,3 +67,18 @@ def test_the_domain_is_ready_once_every_daemon_is() -> None:
     assert [(n["name"], n["status"]) for n in status["nodes"]] == [
         ("n1", "Ready"), ("n2", "NotReady")]  # fmt: skip
     assert domain_status(cliques([d("n1"), d("n2")], found))["status"] == "Ready"
+
+
+def test_a_daemon_pod_not_yet_placed_or_in_a_clique_keeps_the_domain_not_ready() -> None:
+    pods = [pod("a", "x.1"), pod("b", None)]
+    placed = daemons_of(pods)
+    waiting_nodes, unbound = waiting(pods, placed)
+    assert (waiting_nodes, unbound) == (["b"], 0)
+    status = domain_status(cliques(placed, {}), waiting_nodes, unbound)
+    assert status["status"] == "NotReady"
+    assert [(n["name"], n["status"]) for n in status["nodes"]] == [
+        ("a", "Ready"), ("b", "NotReady")]  # fmt: skip
+    unplaced = {"metadata": {"labels": {}}, "spec": {}, "status": {}}
+    assert waiting([pod("a", "x.1"), unplaced], placed) == ([], 1)
+    assert domain_status(cliques(placed, {}), [], 1)["status"] == "NotReady"
+    assert domain_status(cliques(placed, {}))["status"] == "Ready"

@@ -92,13 +92,34 @@ def cliques(daemons: Iterable[Daemon], current: Mapping[str, list[Obj]]) -> dict
     return out
 
 
-def domain_status(entries: Mapping[str, list[Obj]]) -> Obj:
-    """``status`` of the domain: Ready once it has daemons and every one is Ready."""
-    nodes = sorted(
-        ({"name": e["nodeName"], "ipAddress": e["ipAddress"], "cliqueID": e["cliqueID"],
-          "index": e["index"], "status": e["status"]}
-         for group in entries.values() for e in group),
-        key=lambda n: str(n["name"]),
-    )  # fmt: skip
-    ready = bool(nodes) and all(n["status"] == READY for n in nodes)
+def waiting(pods: Iterable[Obj], daemons: Iterable[Daemon]) -> tuple[list[str], int]:
+    """Of the pods not being deleted and not in :func:`daemons_of`: the nodes they are
+    on (their daemon has not said its clique yet) and how many have no node yet."""
+    placed = {d.node for d in daemons}
+    nodes: set[str] = set()
+    unbound = 0
+    for pod in pods:
+        if pod.get("metadata", {}).get("deletionTimestamp"):
+            continue
+        node = pod.get("spec", {}).get("nodeName") or ""
+        if not node:
+            unbound += 1
+        elif node not in placed:
+            nodes.add(node)
+    return sorted(nodes), unbound
+
+
+def domain_status(
+    entries: Mapping[str, list[Obj]], waiting_nodes: Iterable[str] = (), unbound: int = 0
+) -> Obj:
+    """``status`` of the domain: Ready once it has daemons, every one is Ready in its
+    clique, and no daemon pod is still to be placed or to say its clique."""
+    nodes = [
+        {"name": e["nodeName"], "ipAddress": e["ipAddress"], "cliqueID": e["cliqueID"],
+         "index": e["index"], "status": e["status"]}
+        for group in entries.values() for e in group
+    ]  # fmt: skip
+    nodes += [{"name": n, "status": NOT_READY} for n in waiting_nodes]
+    nodes.sort(key=lambda n: str(n["name"]))
+    ready = bool(nodes) and not unbound and all(n["status"] == READY for n in nodes)
     return {"status": READY if ready else NOT_READY, "nodes": nodes}

@@ -103,8 +103,8 @@ class Reconciler:
             self._caches.templates, objects.daemon_template(domain, self._settings), TEMPLATES
         )
         self._ensure(self._caches.daemonsets, objects.daemonset(domain, self._settings), DAEMONSETS)
-        entries = self._sync_cliques(domain.uid)
-        status = cliquing.domain_status(entries)
+        entries, waiting, unbound = self._sync_cliques(domain.uid)
+        status = cliquing.domain_status(entries, waiting, unbound)
         path = DOMAINS.item(domain.namespace, domain.name, "status")
         if status != obj.get("status") and self._write_once(
             f"status/{domain.uid}", status,
@@ -161,14 +161,17 @@ class Reconciler:
             )  # fmt: skip
         return True
 
-    def _sync_cliques(self, uid: str) -> dict[str, list[Obj]]:
+    def _sync_cliques(self, uid: str) -> tuple[dict[str, list[Obj]], list[str], int]:
+        """Writes the clique objects; returns them with the daemon pods' nodes not yet in
+        a clique and the number of pods not yet on a node (:func:`cliquing.waiting`)."""
         namespace = self._settings.namespace
         held = {o["metadata"]["name"]: o for o in _mine(self._caches.cliques, uid)}
         current = {name.split(".", 1)[1]: list(o.get("daemons") or [])
                    for name, o in held.items() if "." in name}  # fmt: skip
         pods = [p for p in _mine(self._caches.pods, uid)
                 if p["metadata"].get("namespace") == namespace]  # fmt: skip
-        want = cliquing.cliques(cliquing.daemons_of(pods), current)
+        placed = cliquing.daemons_of(pods)
+        want = cliquing.cliques(placed, current)
         for clique_id, daemons in want.items():
             name = objects.clique_name(uid, clique_id)
             if name not in held:
@@ -181,7 +184,7 @@ class Reconciler:
                 self._write_once(f"clique/{name}", daemons, patch)
         for name in held.keys() - {objects.clique_name(uid, c) for c in want}:
             self._delete(CLIQUES.item(namespace, name))
-        return want
+        return (want, *cliquing.waiting(pods, placed))
 
     def _write_once(self, what: str, value: object, write: Callable[[], object]) -> bool:
         """Runs ``write`` unless ``value`` was written for ``what`` in the last MEMO_S
