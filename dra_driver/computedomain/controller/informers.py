@@ -56,7 +56,7 @@ class Informer:
         self._stop = threading.Event()
         self._watch: Any = None
         self.synced = threading.Event()
-        """Set once the first list is in the cache."""
+        """Set once the first list is in the cache and handed to ``on_change``."""
         self.name = resource.plural
 
     # -- the cache --------------------------------------------------------------
@@ -107,9 +107,11 @@ class Informer:
         with self._lock:
             gone = [o for k, o in self._items.items() if k not in fresh]
             self._items = fresh
-        self.synced.set()
         for obj in [*fresh.values(), *gone]:
             self._on_change(obj)
+        # Only now: a consumer may rely on every object having been handed over (the
+        # controller's map of live domain UIDs, which says what is an orphan).
+        self.synced.set()
         return str(listing.get("metadata", {}).get("resourceVersion", ""))
 
     def _follow(self, version: str) -> str:

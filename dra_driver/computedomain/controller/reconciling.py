@@ -27,6 +27,7 @@ from dra_driver.computedomain.controller import cliques as cliquing
 from dra_driver.computedomain.controller import objects
 from dra_driver.computedomain.controller.informers import Informer, Key
 from dra_driver.computedomain.controller.kubeapi import ControllerApi, Obj, Resource
+from dra_driver.logs import ContextLogger
 from dra_driver.plugin.kubeclient import ConflictError, KubeApiError, NotFoundError
 
 logger = logging.getLogger(__name__)
@@ -86,7 +87,7 @@ class Reconciler:
         if obj is None:
             return None
         domain = objects.Domain.from_object(obj)
-        log = logging.LoggerAdapter(logger, {"domain": f"{key[0]}/{key[1]}", "uid": domain.uid})
+        log = ContextLogger(logger, {"domain": f"{key[0]}/{key[1]}", "uid": domain.uid})
         finalizers = list(obj["metadata"].get("finalizers") or [])
         if obj["metadata"].get("deletionTimestamp"):
             if names.FINALIZER not in finalizers:
