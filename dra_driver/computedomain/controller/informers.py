@@ -23,7 +23,10 @@ logger = logging.getLogger(__name__)
 
 Key = tuple[str, str]
 """(namespace, name); namespace is "" for cluster-scoped objects."""
-RETRY_S = 1.0
+RETRY_S = 0.5
+MAX_RETRY_S = 30.0
+"""Failed lists and watches are retried after 0.5 s, doubling up to 30 s (a CRD not
+installed yet, RBAC not bound yet, an API server away)."""
 
 
 def key_of(obj: Obj) -> Key:
@@ -83,23 +86,27 @@ class Informer:
 
     def _run(self) -> None:
         version = ""
+        failures = 0
         while not self._stop.is_set():
             try:
                 if not version:
                     version = self._relist()
                 version = self._follow(version)
+                failures = 0
             except KubeError as exc:
                 if is_status(exc, 410):
                     version = ""  # compacted: list again
                     continue
+                failures += 1
+                delay = min(RETRY_S * 2 ** (failures - 1), MAX_RETRY_S)
                 if not self._stop.is_set():
-                    what = {"resource": self.name, "error": str(exc)}
-                    logger.warning("watch failed; retrying", extra=what)
-                    self._stop.wait(RETRY_S)
+                    what = {"resource": self.name, "error": str(exc), "retry_s": delay}
+                    logger.warning("list or watch failed; retrying", extra=what)
+                    self._stop.wait(delay)
             except Exception:  # a bug must not end the cache silently: log it and go on
                 logger.exception("informer loop failed", extra={"resource": self.name})
                 version = ""
-                self._stop.wait(RETRY_S)
+                self._stop.wait(MAX_RETRY_S)
 
     def _relist(self) -> str:
         listing = self._api.list_objects(self._path, self._selector)
