@@ -287,3 +287,28 @@ def test_on_nodes_the_controller_may_only_remove_a_domain_label(
     client.request("PATCH", f"/api/v1/nodes/{node}", body=removal, content_type=merge)
     labels = cluster.rest.get(f"/api/v1/nodes/{node}")["metadata"]["labels"]
     assert names.DOMAIN_LABEL not in labels and labels["team"] == "a"
+
+
+def test_a_sigkilled_controller_process_is_replaced_and_converges(
+    cluster: Cluster, cluster_namespace: str, driver_namespace: str,
+    controller: ControllerProcess,
+) -> None:  # fmt: skip
+    """SIGKILL as soon as its first object exists; a new process sets the rest up, and
+    tears the domain down once deleted."""
+    ns, user_ns = driver_namespace, cluster_namespace
+    cluster.rest.create(f"{CD_API}/namespaces/{user_ns}/{names.DOMAIN_PLURAL}",
+                        domain("killed", "killed-channel"))  # fmt: skip
+    path = _domain_path(user_ns, "killed")
+    uid = cluster.rest.get(path)["metadata"]["uid"]
+    workload = f"{RESOURCE_API}/namespaces/{user_ns}/resourceclaimtemplates/killed-channel"
+    wait_for(lambda: get_or_none(cluster, workload), what="the first object")
+    controller.kill()
+    controller.start()
+    ds = f"/apis/apps/v1/namespaces/{ns}/daemonsets/{objects.daemonset_name(uid)}"
+    wait_for(lambda: get_or_none(cluster, ds), what="the DaemonSet from the new process")
+    wait_for(lambda: (cluster.rest.get(path).get("status") or {}).get("status") == "NotReady",
+             what="the status from the new process")  # fmt: skip
+    cluster.rest.delete(path)
+    wait_for(lambda: get_or_none(cluster, path) is None, what="domain deleted", timeout=90)
+    assert _left(cluster, ns, user_ns, uid) == []
+    assert controller.stop() == 0
