@@ -41,6 +41,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "dra_driver.commands.mps_daemon",
         "run one MPS control daemon in the foreground (an MPS daemon pod's container)",
     ),
+    "compute-domain-controller": (
+        "dra_driver.commands.compute_domain_controller",
+        "run the ComputeDomain controller (IMEX daemons, channel templates, cliques, status)",
+    ),
     "report": (
         "dra_driver.commands.report",
         "report claims whose GPUs stayed under-used, with a smaller MIG profile or share",

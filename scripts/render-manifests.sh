@@ -16,7 +16,7 @@ mkdir -p "$(dirname "$out")"
   echo "kind: Namespace"
   echo "metadata:"
   echo "  name: dra-driver"
-  "$helm" template dra-driver "$here/deploy/chart" --namespace dra-driver
+  "$helm" template dra-driver "$here/deploy/chart" --namespace dra-driver --include-crds
 } > "$out.tmp"
 mv "$out.tmp" "$out"
 echo "$out"

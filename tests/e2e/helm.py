@@ -43,10 +43,11 @@ def run_helm(helm: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def render(helm: Path, *set_args: str, namespace: str = "dra-driver") -> list[dict[str, Any]]:
-    """``helm template dra-driver deploy/chart`` as a list of objects."""
+    """``helm template dra-driver deploy/chart --include-crds`` as a list of objects."""
     result = run_helm(
-        helm, "template", "dra-driver", str(CHART), "--namespace", namespace, *set_args
-    )
+        helm, "template", "dra-driver", str(CHART), "--namespace", namespace, "--include-crds",
+        *set_args,
+    )  # fmt: skip
     assert result.returncode == 0, result.stderr
     return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
 

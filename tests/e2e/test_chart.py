@@ -226,8 +226,11 @@ def test_mps_daemon_values_reach_the_plugin_s_settings(helm: Path) -> None:
     assert ("Role", "dra-driver-mps-daemons") in objs
     assert ("RoleBinding", "dra-driver-mps-daemons") in objs
     assert pod_policy <= objs and "pods" in resources
-    # No rights on pods at all, and no policy for them, when the daemons are children.
-    gpu, pod, objs, resources = rendered("--set", "mpsDaemons=process")
+    # No rights on pods at all, and no policy for them, when the daemons are children
+    # (the ComputeDomain controller's Role, which reads its daemon pods, left out).
+    gpu, pod, objs, resources = rendered(
+        "--set", "mpsDaemons=process", "--set", "computeDomains.enabled=false"
+    )
     assert gpu.mps_daemons is None
     assert "hostPID" not in pod
     assert not {kind for kind, _ in objs} & {"Role", "RoleBinding"}
@@ -255,12 +258,15 @@ def test_optional_parts_can_be_left_out(helm: Path) -> None:
             "deviceClasses.enabled=false",
             "--set",
             "validatingAdmissionPolicy.enabled=false",
+            "--set",
+            "computeDomains.enabled=false",
         )
     }
-    # The MPS daemon pod policy stays: it ships with the Role on pods it confines.
+    # The MPS daemon pod policy stays: it ships with the Role on pods it confines. The
+    # CRDs stay too (crds/: Helm installs them once and never removes them).
     assert kinds == {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "DaemonSet", "Role",
                      "RoleBinding", "ValidatingAdmissionPolicy",
-                     "ValidatingAdmissionPolicyBinding"}  # fmt: skip
+                     "ValidatingAdmissionPolicyBinding", "CustomResourceDefinition"}  # fmt: skip
 
 
 def test_api_server_accepts_every_rendered_object(cluster: Cluster, helm: Path) -> None:
