@@ -14,17 +14,18 @@ from typing import Any
 import pytest
 
 from bench.fleet.run import CLIENT_BURST, CLIENT_QPS
-from bench.trace_replay.__main__ import NODES_FILE, PODS_FILE
-from bench.trace_replay.building import MODEL_LABEL, MODES
-from bench.trace_replay.claims import ANNOTATION
-from bench.trace_replay.drawing import scale_nodes
+from bench.trace_replay.building import MODEL_LABEL
 from bench.trace_replay.replaying import Replay, ReplaySettings, replay
-from bench.trace_replay.trace import read_nodes, read_pods
 from dra_driver.devcluster import BinariesError, Cluster, ClusterOptions, find_binaries
 from dra_driver.quantity import parse
+from dra_driver.workload.claims import ANNOTATION
+from dra_driver.workload.drawing import scale_nodes
+from dra_driver.workload.modes import Mode
+from dra_driver.workload.trace import NODES_FILE, PODS_FILE, read_nodes, read_pods
 from tests.trace_replay.test_trace_files import trace_dir
 
 SUBSET = 20
+MODES: tuple[Mode, ...] = ("whole", "consumable")
 pytestmark = pytest.mark.timeout(600)  # both replays run in the first test's setup
 Obj = dict[str, Any]
 

@@ -9,14 +9,16 @@ from pathlib import Path
 
 import pytest
 
-from bench.trace_replay.__main__ import (
+from bench.trace_replay.__main__ import main
+from dra_driver.workload.trace import (
     NODES_FILE,
     PODS_FILE,
     TRACE_DIR_ENV,
+    TraceError,
     default_trace_dir,
-    main,
+    read_nodes,
+    read_pods,
 )
-from bench.trace_replay.trace import TraceError, read_nodes, read_pods
 
 NODE_HEADER = "sn,cpu_milli,memory_mib,gpu,model"
 POD_HEADER = (
