@@ -23,7 +23,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--trace-dir",
         type=Path,
-        help="directory of the trace's CSV files (default: $DRA_TRACE_DIR, else "
+        help="directory of the trace's CSV files (default "
         "../shared/traces/alibaba-gpu-v2023 beside the repository)",
     )
     parser.add_argument("--pods", type=Path, help="pod list (default: the trace's default list)")
@@ -52,7 +52,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=DEVICECLASSES,
         help="directory of the chart's DeviceClass files (default deploy/deviceclasses)",
     )
-    parser.add_argument("-o", "--output", choices=("table", "json"), default="table")
+    parser.add_argument(
+        "-o",
+        "--output",
+        choices=("table", "json"),
+        default="table",
+        help="a table, or a JSON list with one object per mode (default table)",
+    )
 
 
 def _classes(directory: Path) -> dict[str, Any]:

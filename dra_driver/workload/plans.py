@@ -100,8 +100,11 @@ def _gpus_needed(
 
     def fits(factor: float) -> tuple[bool, int]:
         resized = resize_nodes(nodes, factor)  # its shapes are among the cluster's
-        out = Packer(resized, published, classes, evaluator(), seed=settings.seed).run(listed)
-        return sum(out.unschedulable.values()) <= allowed, sum(n.gpus for n in resized)
+        packer = Packer(resized, published, classes, evaluator(), seed=settings.seed)
+        out = packer.run(listed, give_up=int(allowed))
+        return not out.stopped and sum(out.unschedulable.values()) <= allowed, sum(
+            n.gpus for n in resized
+        )
 
     tried = 0
     lo, hi = 0.0, 1.0
