@@ -1,4 +1,5 @@
-"""One node's pool, built once per run and published for every node.
+"""One node's pool, built once per run and published for every node (the pool itself
+is built by :mod:`dra_driver.workload.pools`, shared with the trace replay and plan).
 
 The driver's own code end to end: emulated discovery of the profile
 (:class:`~dra_driver.emulation.EmulatedNode`, once, not per node), the

@@ -4,8 +4,11 @@ Allocation rate (the paper's: allocated GPU milli / (GPUs x 1000)): the GPU requ
 (``gpu_milli``, or 1000 per GPU) of every pod whose claim is allocated, over the
 cluster's GPU capacity. Held rate: the GPU capacity the allocations take, per device
 the largest fraction of any capacity consumed (``consumedCapacity`` / the device's
-capacity), a whole device for an exclusive result. With ``consumable`` the two agree;
-with ``whole`` the held rate also counts what rounding shares up wastes.
+capacity), a whole device for an exclusive result, a MIG instance the larger of its
+memory and SM fractions of its GPU (:func:`device_parts`); at most a whole GPU per GPU.
+With ``consumable`` the two agree; with ``whole`` the held rate also counts what
+rounding shares up wastes. A pod that names a shared claim (``time-slicing``) is placed
+when it is bound and that claim is allocated.
 
 Fragmented GPU share (the paper's measure, simplified): the expected GPU capacity that
 is free but that a pod drawn from the workload could not use, over the cluster's

@@ -153,18 +153,21 @@ class Claims:
             devices["constraints"] = constraints
         return {"devices": devices}
 
-    def _mig_spec(self, pod: TracePod) -> Obj:
+    def mig_profile(self, pod: TracePod) -> str:
         """The smallest profile covering the share on every model it may land on (the
         profile names are the same on A100 and H100 80GB; their fractions differ)."""
-        codes = self._codes(pod)
         need = pod.gpu_milli / FULL
         chosen = ""
-        for code in codes:
+        for code in self._codes(pod):
             profiles = self.models[code].mig_profiles
             order = [p.name for p in profiles]
             fits = [p.name for p in profiles if p.memory >= need and p.compute >= need]
             if fits and (not chosen or order.index(fits[0]) > order.index(chosen)):
                 chosen = fits[0]
+        return chosen
+
+    def _mig_spec(self, pod: TracePod) -> Obj:
+        chosen = self.mig_profile(pod)
         selectors = [f"device.attributes['{DRIVER}'].profile == '{chosen}'"]
         selector = self._selector(self._spec_codes(pod))
         if selector:

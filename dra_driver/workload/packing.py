@@ -63,14 +63,6 @@ def feasible_to_find(nodes: int) -> int:
     return max(100, nodes * percent // 100)
 
 
-def score(cpu_used: int, mem_used: int, cpu: int, mem: int) -> int:
-    """``LeastAllocated`` + ``BalancedAllocation`` of a node after the pod (integers, as
-    the scheduler truncates each plugin's score)."""
-    least = ((cpu - cpu_used) * 100 // cpu + (mem - mem_used) * 100 // mem) // 2
-    spread = abs(min(1.0, cpu_used / cpu) - min(1.0, mem_used / mem)) / 2
-    return least + int((1 - spread) * 100)
-
-
 @dataclass(frozen=True)
 class Need:
     """What a claim needs of one node's GPUs, per node model code."""
@@ -161,9 +153,7 @@ class Packer:
         if mode == "slots":
             return Need({c: slots_of(pod.gpu_milli, m.slots) * FULL // m.slots
                          for c, m in models.items() if m.slots}, 0)  # fmt: skip
-        spec = self.claims.spec(pod)  # mig: the profile's smaller fraction
-        profile = spec["devices"]["requests"][0]["exactly"]["selectors"][0]["cel"]["expression"]
-        name = profile.rsplit("'", 2)[-2]
+        name = self.claims.mig_profile(pod)  # mig: the profile's smaller fraction
         need = {}
         for code, model in models.items():
             for p in model.mig_profiles:
@@ -250,7 +240,8 @@ class Packer:
                     continue
                 if failed and (i, key, version[i]) in failed:
                     continue
-            # score(), inlined: this loop is where a plan spends its time
+            # LeastAllocated + BalancedAllocation, integers as the scheduler truncates
+            # each plugin's score; inlined: this loop is where a plan spends its time
             c, m = cpu_cap[i], mem_cap[i]
             cu, mu = cpu_scored[i] + cpu_s, mem_scored[i] + mem_s
             fc, fm = cu / c, mu / m

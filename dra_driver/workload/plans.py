@@ -24,7 +24,7 @@ from dra_driver.allocation.model import DeviceClass
 from dra_driver.cel import SelectorEvaluator
 from dra_driver.workload.drawing import draw_pods, gpu_capacity_milli, resize_nodes
 from dra_driver.workload.modes import Mode, Published, publish_shapes
-from dra_driver.workload.packing import Packer
+from dra_driver.workload.packing import Outcome, Packer
 from dra_driver.workload.trace import TraceNode, TracePod
 
 UNSCHEDULABLE_MAX = 0.01
@@ -92,7 +92,7 @@ def _gpus_needed(
     classes: Mapping[str, DeviceClass],
     settings: PlanSettings,
     evaluator: Callable[[], SelectorEvaluator],
-    base: Any,
+    base: Outcome,
 ) -> tuple[int | None, int]:
     """GPUs of the smallest resized cluster placing ``listed`` with at most 1 %
     unschedulable; None above ``settings.top``. Also how many clusters were packed."""
