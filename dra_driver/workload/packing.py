@@ -25,7 +25,7 @@ import json
 import math
 import random
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from itertools import chain
 from typing import Any
@@ -126,6 +126,10 @@ class Packer:
         self.max_free = [FULL if n.gpus else 0 for n in nodes]
         self.whole_free = [n.gpus for n in nodes]
         self.version = [0] * len(nodes)
+        self.shapes = [(n.model, n.gpus) for n in nodes]
+        self.holding: list[dict[str, tuple[object, ...]]] = [{} for _ in nodes]
+        """Per node: device name -> what each allocation of it consumed (its state)."""
+        self._memo: dict[tuple[object, ...], list[Choice] | None] = {}
         self._failed: set[tuple[int, str, int]] = set()
         """(node, claim spec, node version) whose allocation attempt failed."""
         for n in nodes:
@@ -169,13 +173,25 @@ class Packer:
             self._needs[key] = self._need(pod)
         return key, self._specs[key], self._needs[key]
 
-    def _allocate(self, i: int, claim: Claim) -> list[Choice] | None:
+    def _allocate(self, i: int, key: str, claim: Claim) -> list[Choice] | None:
+        """The claim's devices on node ``i``: an allocation attempt, or the answer an
+        attempt gave for the same claim on a node of the same shape in the same state
+        (it cannot differ: the node's pool is all an attempt reads)."""
+        memo_key = (key, self.shapes[i], tuple(sorted(self.holding[i].items())))
+        if memo_key in self._memo:
+            known = self._memo[memo_key]
+            if known is None:
+                return None
+            pool = self.nodes[i].name
+            return [replace(c, device_id=replace(c.device_id, pool=pool)) for c in known]
         self.attempts += 1
         try:
             result = Attempt(self.inventory, self.state, self.nodes[i], [claim]).run()
         except AllocationFailed:
-            return None
-        return result[0] if result else None
+            result = None
+        choices = result[0] if result else None
+        self._memo[memo_key] = choices
+        return choices
 
     def _commit(self, i: int, key: str, choices: list[Choice]) -> None:
         results = []
@@ -185,6 +201,9 @@ class Packer:
                                            share_id="s" if shared else "",
                                            consumed=c.consumed or {}))  # fmt: skip
             self.free[i][_gpu_index(c.device.name)] -= self._held(self.models[i], c)
+            held = self.holding[i].get(c.device.name, ())
+            taken = tuple(sorted((k, q.value) for k, q in (c.consumed or {}).items()))
+            self.holding[i][c.device.name] = (*held, taken)
         self.state.add(key, results)
         self.max_free[i] = max(self.free[i])
         self.whole_free[i] = sum(1 for f in self.free[i] if f == FULL)
@@ -277,7 +296,7 @@ class Packer:
         """Allocate the pod's claim on node ``i`` and count the pod there; False (and
         remembered for this node state) when the allocation fails."""
         if claim is not None:
-            choices = self._allocate(i, claim)
+            choices = self._allocate(i, key, claim)
             if choices is None:
                 self._failed.add((i, key, self.version[i]))
                 return False
