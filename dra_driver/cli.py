@@ -61,6 +61,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "dra_driver.commands.explain",
         "explain why a ResourceClaim got its devices or why it stays pending",
     ),
+    "plan": (
+        "dra_driver.commands.plan",
+        "GPUs needed and allocation rate of a workload trace under each sharing mode",
+    ),
 }
 """Command name -> (module, help), in the order ``--help`` lists them. Each module
 defines ``add_arguments(parser)`` and ``run(args) -> int``."""

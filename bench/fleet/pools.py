@@ -1,4 +1,5 @@
-"""One node's pool, built once per run and published for every node.
+"""One node's pool, built once per run and published for every node (the pool itself
+is built by :mod:`dra_driver.workload.pools`, shared with the trace replay and plan).
 
 The driver's own code end to end: emulated discovery of the profile
 (:class:`~dra_driver.emulation.EmulatedNode`, once, not per node), the
@@ -18,61 +19,20 @@ would measure the bench, not the control plane.
 from __future__ import annotations
 
 import logging
-import tempfile
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from dra_driver.emulation import EmulatedNode
-from dra_driver.gpu.hardware.consumable import ConsumableGpus, MpsSlots
-from dra_driver.gpu.hardware.devices import build_pool
-from dra_driver.gpu.hardware.discovery import discover
-from dra_driver.gpu.hardware.partitions import MigMode, PlacementAttributes
-from dra_driver.gpu.sharing.slots import fractional_pool
 from dra_driver.plugin.kubeclient import KubeClient
 from dra_driver.plugin.publishing import PublishStatus, SlicePublisher
 from dra_driver.plugin.resources import Pool
 from dra_driver.plugin.slicediff import content_to_api_view, fingerprint
-from dra_driver.plugin.slices import content_to_api, split_pool, validate_pool
+from dra_driver.plugin.slices import content_to_api, split_pool
+from dra_driver.workload.pools import DRIVER, DriverFlags, api_devices, node_pool
 
-DRIVER = "gpu.nvidia.com"
+__all__ = ["DRIVER", "DriverFlags", "api_devices", "node_pool", "publish", "slice_problems"]
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class DriverFlags:
-    """The daemon flags that change what a node publishes."""
-
-    mig_mode: MigMode = "static"
-    consumable: ConsumableGpus = field(default_factory=ConsumableGpus)
-    slots: MpsSlots = field(default_factory=MpsSlots)
-    placement_attributes: PlacementAttributes = "full"
-
-
-def node_pool(profile: str | Path, flags: DriverFlags) -> Pool:
-    """The pool the daemon builds on a node of ``profile`` (a built-in name or any
-    profile file in the emulator's format); raises SliceValidationError if invalid."""
-    with tempfile.TemporaryDirectory(prefix="dra-fleet-") as root:
-        node = EmulatedNode.create(profile, Path(root))
-        with node.nvml():
-            inventory = discover(node.host, logger)
-    pool = build_pool(
-        inventory,
-        driver_name=DRIVER,
-        mig_mode=flags.mig_mode,
-        placement_attributes=flags.placement_attributes,
-    )
-    pool = fractional_pool(pool, inventory, flags.consumable, flags.slots)
-    validate_pool(pool)
-    return pool
-
-
-def api_devices(pool: Pool) -> list[dict[str, Any]]:
-    """The pool's devices as the API holds them (one node's, node-independent)."""
-    return [d for c in split_pool(pool) for d in content_to_api(c).get("devices", [])]
 
 
 def publish(

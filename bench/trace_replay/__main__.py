@@ -16,21 +16,18 @@ import tempfile
 from pathlib import Path
 
 from bench.fleet.run import CLIENT_BURST, CLIENT_QPS
-from bench.trace_replay.building import LATER_MODES, MODES, Mode
-from bench.trace_replay.drawing import scale_nodes
 from bench.trace_replay.replaying import ReplaySettings, replay
-from bench.trace_replay.trace import read_nodes, read_pods
 from dra_driver.devcluster import BinariesError, Cluster, ClusterOptions, find_binaries
-
-REPO = Path(__file__).resolve().parents[2]
-TRACE_DIR_ENV = "DRA_TRACE_DIR"
-NODES_FILE = "openb_node_list_all_node.csv"
-PODS_FILE = "openb_pod_list_default.csv"
-
-
-def default_trace_dir(repo: Path = REPO) -> Path:
-    """Where the trace's README says it lives: ``../shared/traces/`` beside the repo."""
-    return repo.parent / "shared" / "traces" / "alibaba-gpu-v2023"
+from dra_driver.workload.drawing import scale_nodes
+from dra_driver.workload.modes import MODES, mode_of
+from dra_driver.workload.trace import (
+    NODES_FILE,
+    PODS_FILE,
+    TRACE_DIR_ENV,
+    read_nodes,
+    read_pods,
+    trace_files,
+)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -62,26 +59,19 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def mode_of(text: str) -> Mode:
-    """``text`` as a supported mode; raises ValueError naming the supported ones."""
-    for mode in MODES:
-        if text == mode:
-            return mode
-    later = " (not yet: this replay does " if text in LATER_MODES else " (unknown; "
-    raise ValueError(f"--mode {text!r}{later}{', '.join(MODES)})")
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
-    trace_dir = args.trace_dir or Path(os.environ.get(TRACE_DIR_ENV) or default_trace_dir())
+    nodes_file, pods_file = trace_files(
+        args.trace_dir, args.nodes, args.pods, os.environ.get(TRACE_DIR_ENV)
+    )
     scale = 1.0 / args.subset if args.subset else args.scale
     try:
         mode = mode_of(args.mode)
         if args.subset is not None and args.subset < 1:
             raise ValueError(f"--subset {args.subset}: want K >= 1")
-        nodes = scale_nodes(read_nodes(args.nodes or trace_dir / NODES_FILE), scale)
-        pods = read_pods(args.pods or trace_dir / PODS_FILE)
+        nodes = scale_nodes(read_nodes(nodes_file), scale)
+        pods = read_pods(pods_file)
         binaries = find_binaries()
     except (ValueError, OSError, BinariesError) as exc:  # TraceError is a ValueError
         print(f"bench.trace_replay: {exc}", file=sys.stderr)

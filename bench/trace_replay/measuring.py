@@ -4,8 +4,11 @@ Allocation rate (the paper's: allocated GPU milli / (GPUs x 1000)): the GPU requ
 (``gpu_milli``, or 1000 per GPU) of every pod whose claim is allocated, over the
 cluster's GPU capacity. Held rate: the GPU capacity the allocations take, per device
 the largest fraction of any capacity consumed (``consumedCapacity`` / the device's
-capacity), a whole device for an exclusive result. With ``consumable`` the two agree;
-with ``whole`` the held rate also counts what rounding shares up wastes.
+capacity), a whole device for an exclusive result, a MIG instance the larger of its
+memory and SM fractions of its GPU (:func:`device_parts`); at most a whole GPU per GPU.
+With ``consumable`` the two agree; with ``whole`` the held rate also counts what
+rounding shares up wastes. A pod that names a shared claim (``time-slicing``) is placed
+when it is bound and that claim is allocated.
 
 Fragmented GPU share (the paper's measure, simplified): the expected GPU capacity that
 is free but that a pod drawn from the workload could not use, over the cluster's
@@ -22,9 +25,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from bench.trace_replay.claims import ANNOTATION
-from bench.trace_replay.trace import TraceNode, TracePod
 from dra_driver.quantity import parse
+from dra_driver.workload.claims import ANNOTATION
+from dra_driver.workload.trace import TraceNode, TracePod
 
 Obj = dict[str, Any]
 RESOURCE = "/apis/resource.k8s.io/v1"
@@ -40,32 +43,66 @@ class Snapshot:
     slices: list[Obj]
 
 
-def device_capacities(slices: Iterable[Obj]) -> dict[tuple[str, str], dict[str, float]]:
-    """(pool, device) -> capacity name -> value, of every published device."""
-    out = {}
+@dataclass(frozen=True)
+class Part:
+    """A published device as a part of one GPU."""
+
+    gpu: str
+    """The name of the whole-GPU device it is (or is a MIG instance of)."""
+    capacity: dict[str, float]
+    """Shareable capacities (``allowMultipleAllocations`` devices), else empty."""
+    milli: int
+    """Thousandths of its GPU an exclusive allocation takes (a MIG instance: the larger
+    of its memory and SM fractions)."""
+
+
+def _attr(device: Obj, name: str) -> Any:
+    return next(iter((device.get("attributes") or {}).get(name, {None: None}).values()))
+
+
+def _cap(device: Obj, name: str) -> float:
+    return float(parse(device["capacity"][name]["value"]))
+
+
+def device_parts(slices: Iterable[Obj]) -> dict[tuple[str, str], Part]:
+    """(pool, device) -> what part of which GPU it is, for every published device."""
+    by_pool: dict[str, list[Obj]] = defaultdict(list)
     for s in slices:
-        pool = s["spec"]["pool"]["name"]
-        for d in s["spec"].get("devices", []):
+        by_pool[s["spec"]["pool"]["name"]] += s["spec"].get("devices", [])
+    out = {}
+    for pool, devices in by_pool.items():
+        gpus = {d["name"]: d for d in devices if _attr(d, "type") == "gpu"}
+        by_set = {c["counterSet"]: name for name, d in gpus.items()
+                  for c in d.get("consumesCounters") or []}  # fmt: skip
+        for d in devices:
+            sets = [c["counterSet"] for c in d.get("consumesCounters") or []]
+            gpu = d["name"] if d["name"] in gpus or not sets else by_set.get(sets[0], d["name"])
+            milli = 1000
+            if gpu != d["name"]:
+                whole = gpus[gpu]
+                milli = round(1000 * max(_cap(d, k) / _cap(whole, k)
+                                         for k in ("memory", "multiprocessors")))  # fmt: skip
             caps = {k: float(parse(v["value"])) for k, v in (d.get("capacity") or {}).items()}
-            out[(pool, d["name"])] = caps if d.get("allowMultipleAllocations") else {}
+            shared = caps if d.get("allowMultipleAllocations") else {}
+            out[(pool, d["name"])] = Part(str(gpu), shared, milli)
     return out
 
 
 def held_milli(snapshot: Snapshot) -> dict[tuple[str, str], int]:
-    """(pool, device) -> thousandths of the device the allocations take."""
-    caps = device_capacities(snapshot.slices)
+    """(pool, GPU) -> thousandths of the GPU the allocations take, at most 1000."""
+    parts = device_parts(snapshot.slices)
     held: dict[tuple[str, str], int] = defaultdict(int)
     for claim in snapshot.claims:
         results = ((claim.get("status") or {}).get("allocation") or {}).get("devices", {})
         for r in results.get("results", []):
-            key = (r["pool"], r["device"])
-            shared, used = caps.get(key, {}), r.get("consumedCapacity") or {}
-            if not shared or not used:
-                held[key] += 1000
+            part = parts.get((r["pool"], r["device"]), Part(r["device"], {}, 1000))
+            key, used = (r["pool"], part.gpu), r.get("consumedCapacity") or {}
+            if not part.capacity or not used:
+                held[key] += part.milli
                 continue
-            fraction = max(float(parse(v)) / shared[k] for k, v in used.items())
+            fraction = max(float(parse(v)) / part.capacity[k] for k, v in used.items())
             held[key] += round(1000 * fraction)
-    return dict(held)
+    return {k: min(1000, v) for k, v in held.items()}
 
 
 def allocated_claims(snapshot: Snapshot) -> set[str]:
@@ -74,6 +111,10 @@ def allocated_claims(snapshot: Snapshot) -> set[str]:
 
 
 def pod_claim(pod: Obj) -> str | None:
+    """The name of the pod's claim: its template's claim once made, or the claim it names."""
+    for ref in (pod.get("spec") or {}).get("resourceClaims") or []:
+        if ref.get("resourceClaimName"):
+            return str(ref["resourceClaimName"])
     for status in (pod.get("status") or {}).get("resourceClaimStatuses") or []:
         return str(status.get("resourceClaimName") or "") or None
     return None

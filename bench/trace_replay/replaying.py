@@ -26,12 +26,13 @@ from typing import Any
 
 from bench.fleet.measure import BindWatch
 from bench.fleet.run import deviceclasses
-from bench.trace_replay.building import Fleet, Mode, build
-from bench.trace_replay.claims import Claims, pod_object, template_object
-from bench.trace_replay.drawing import TARGETS, Draw, draw_pods, gpu_capacity_milli
+from bench.trace_replay.building import Fleet, build
 from bench.trace_replay.measuring import RESOURCE, Snapshot, fragmented_pct, rates
-from bench.trace_replay.trace import TraceNode, TracePod
 from dra_driver.devcluster import Cluster
+from dra_driver.workload.claims import Claims, claim_object, pod_object, template_object
+from dra_driver.workload.drawing import TARGETS, Draw, draw_pods, gpu_capacity_milli
+from dra_driver.workload.modes import Mode, product_names
+from dra_driver.workload.trace import TraceNode, TracePod
 
 NAMESPACE = "trace"
 
@@ -126,16 +127,19 @@ def replay(
     began = time.monotonic()
     draw = draw_pods(pods, gpu_capacity_milli(nodes), settings.seed)
     cluster.apply(deviceclasses())
-    fleet = build(cluster, nodes, settings.mode, workdir / "profiles")
+    fleet = build(cluster, nodes, settings.mode, draw.pods, workdir / "profiles")
     claims = Claims(settings.mode, fleet.models)
     objs = []
     for i, pod in enumerate(draw.pods):
-        template = claims.template_for(pod) if pod.num_gpu else None
-        objs.append(pod_object(f"p{i:05d}", NAMESPACE, pod, template))
+        claim = claims.claim_for(pod) if pod.num_gpu else None
+        objs.append(pod_object(f"p{i:05d}", NAMESPACE, pod, claim))
     cluster.create_namespace(NAMESPACE)
     for name, spec in claims.templates.items():
         path = f"{RESOURCE}/namespaces/{NAMESPACE}/resourceclaimtemplates"
         cluster.rest.create(path, template_object(name, NAMESPACE, spec))
+    for name, spec in claims.shared.items():
+        path = f"{RESOURCE}/namespaces/{NAMESPACE}/resourceclaims"
+        cluster.rest.create(path, claim_object(name, NAMESPACE, spec))
     setup_s = time.monotonic() - began
 
     watch = Outcomes(cluster, NAMESPACE)
@@ -188,7 +192,9 @@ def _summary(
         "gpus": fleet.gpus,
         "pods": len(draw.pods),
         "templates": len(claims.templates),
-        "models": {c: m.product_name for c, m in sorted(fleet.models.items())},
+        "shared_claims": len(claims.shared),
+        "models": product_names(fleet.models),
+        "settings": fleet.published.settings(),
     }
     for target, figures in measured:
         pct = round(100 * target)

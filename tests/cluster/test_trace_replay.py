@@ -1,7 +1,7 @@
 """The Alibaba trace replay at CI size: a stratified 1/20 of the nodes, the seed-42 draw,
-through the real v1.37 kube-scheduler, once with whole GPUs and once with consumable
-shares. The checks read the API objects each replay left (pods, claims, slices) and
-recompute what the replay reports, rather than trusting its figures."""
+through the real v1.37 kube-scheduler, with whole GPUs, consumable shares and
+time-sliced shared claims. The checks read the API objects each replay left (pods,
+claims, slices) and recompute what the replay reports, rather than trusting its figures."""
 
 from __future__ import annotations
 
@@ -14,18 +14,19 @@ from typing import Any
 import pytest
 
 from bench.fleet.run import CLIENT_BURST, CLIENT_QPS
-from bench.trace_replay.__main__ import NODES_FILE, PODS_FILE
-from bench.trace_replay.building import MODEL_LABEL, MODES
-from bench.trace_replay.claims import ANNOTATION
-from bench.trace_replay.drawing import scale_nodes
+from bench.trace_replay.building import MODEL_LABEL
 from bench.trace_replay.replaying import Replay, ReplaySettings, replay
-from bench.trace_replay.trace import read_nodes, read_pods
 from dra_driver.devcluster import BinariesError, Cluster, ClusterOptions, find_binaries
 from dra_driver.quantity import parse
+from dra_driver.workload.claims import ANNOTATION
+from dra_driver.workload.drawing import scale_nodes
+from dra_driver.workload.modes import Mode
+from dra_driver.workload.trace import NODES_FILE, PODS_FILE, read_nodes, read_pods
 from tests.trace_replay.test_trace_files import trace_dir
 
 SUBSET = 20
-pytestmark = pytest.mark.timeout(600)  # both replays run in the first test's setup
+MODES: tuple[Mode, ...] = ("whole", "consumable", "time-slicing")
+pytestmark = pytest.mark.timeout(900)  # the three replays run in the first test's setup
 Obj = dict[str, Any]
 
 
@@ -66,6 +67,9 @@ def _claims_by_name(claims: list[Obj]) -> dict[str, Obj]:
 
 
 def _claim_of(pod: Obj) -> str:
+    (ref,) = pod["spec"]["resourceClaims"]
+    if "resourceClaimName" in ref:  # time-slicing: a claim shared with other pods
+        return str(ref["resourceClaimName"])
     (status,) = pod["status"]["resourceClaimStatuses"]
     return str(status["resourceClaimName"])
 
@@ -166,3 +170,31 @@ def test_consumable_shares_place_at_least_what_whole_gpus_do(
         assert consumable.summary[f"allocation_rate_{pct}"] >= whole.summary[
             f"allocation_rate_{pct}"]  # fmt: skip
     assert consumable.summary["allocation_rate_100"] > 85
+
+
+@pytest.mark.cluster
+def test_time_sliced_shares_run_together_on_their_claims_gpu(
+    replays: dict[str, tuple[Replay, list[Obj]]],
+) -> None:
+    run = replays["time-slicing"][0]
+    final = run.snapshots[-1]
+    claims = _claims_by_name(final.claims)
+    on: dict[str, set[str]] = defaultdict(set)
+    asked: dict[str, int] = defaultdict(int)
+    pods: dict[str, int] = defaultdict(int)
+    for pod in _bound_gpu_pods(final.pods):
+        (ref,) = pod["spec"]["resourceClaims"]
+        if "resourceClaimName" not in ref:
+            continue
+        name = ref["resourceClaimName"]
+        on[name].add(pod["spec"]["nodeName"])
+        asked[name] += int(pod["metadata"]["annotations"][f"{ANNOTATION}/gpu-milli"])
+        pods[name] += 1
+        config = claims[name]["spec"]["devices"]["config"][0]["opaque"]["parameters"]
+        assert config["sharing"] == {"strategy": "TimeSlicing"}
+    assert len(on) > 20
+    assert all(len(nodes) == 1 for nodes in on.values())  # a claim's pods share its node
+    assert max(asked.values()) <= 1000 < sum(asked.values())
+    assert sum(1 for n in pods.values() if n > 1) > 10  # GPUs really shared
+    whole = replays["whole"][0].summary
+    assert run.summary["allocation_rate_100"] > whole["allocation_rate_100"]

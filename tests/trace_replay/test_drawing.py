@@ -1,5 +1,5 @@
 """The replay's inputs: the stratified node subset, the paper's seeded pod draw, the
-claims each mode writes and the refusal of modes not done yet."""
+claims the whole and consumable modes write, the resized clusters of ``plan``."""
 
 from __future__ import annotations
 
@@ -7,12 +7,11 @@ from collections import Counter
 
 import pytest
 
-from bench.trace_replay.__main__ import mode_of
-from bench.trace_replay.building import GpuModel
-from bench.trace_replay.claims import Claims
-from bench.trace_replay.drawing import draw_pods, gpu_capacity_milli, scale_nodes
 from bench.trace_replay.measuring import unusable_milli
-from bench.trace_replay.trace import TraceNode, TracePod
+from dra_driver.workload.claims import Claims
+from dra_driver.workload.drawing import draw_pods, gpu_capacity_milli, resize_nodes, scale_nodes
+from dra_driver.workload.modes import GpuModel, mode_of
+from dra_driver.workload.trace import TraceNode, TracePod
 
 GIB = 1 << 30
 
@@ -100,14 +99,20 @@ def test_whole_mode_rounds_a_share_up_and_dedupes_templates() -> None:
         "deviceClassName": "gpu.nvidia.com"}}]}}  # fmt: skip
 
 
-@pytest.mark.parametrize("mode", ["slots", "time-slicing", "mig"])
-def test_modes_not_done_yet_are_refused_naming_the_supported_ones(mode: str) -> None:
-    with pytest.raises(
-        ValueError, match=rf"'{mode}' \(not yet: this replay does whole, consumable"
-    ):
-        mode_of(mode)
-    with pytest.raises(ValueError, match="unknown"):
+def test_an_unknown_mode_is_refused_naming_the_known_ones() -> None:
+    with pytest.raises(ValueError, match="'halves' is unknown; known: whole, consumable, slots"):
         mode_of("halves")
+
+
+def test_a_resized_cluster_copies_whole_clusters_then_a_stratified_share() -> None:
+    nodes = _nodes()
+    bigger = resize_nodes(nodes, 2.1)
+    assert len(bigger) == 210
+    assert len({n.name for n in bigger}) == 210  # copies are renamed
+    assert Counter((n.model, n.gpus) for n in bigger[200:]) == {("G2", 8): 6, ("T4", 2): 3,
+                                                                 ("", 0): 1}  # fmt: skip
+    assert resize_nodes(nodes, 0.1) == scale_nodes(nodes, 0.1)
+    assert resize_nodes(nodes, 1.0) == nodes
 
 
 @pytest.mark.parametrize(

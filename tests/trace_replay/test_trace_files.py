@@ -9,14 +9,16 @@ from pathlib import Path
 
 import pytest
 
-from bench.trace_replay.__main__ import (
+from bench.trace_replay.__main__ import main
+from dra_driver.workload.trace import (
     NODES_FILE,
     PODS_FILE,
     TRACE_DIR_ENV,
+    TraceError,
     default_trace_dir,
-    main,
+    read_nodes,
+    read_pods,
 )
-from bench.trace_replay.trace import TraceError, read_nodes, read_pods
 
 NODE_HEADER = "sn,cpu_milli,memory_mib,gpu,model"
 POD_HEADER = (
@@ -121,7 +123,7 @@ def test_command_refuses_bad_input_before_starting_a_cluster(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     nodes = _write(tmp_path, NODE_HEADER, "n0,64000,262144,2,P100", "n1,64000,262144,x,P100")
-    assert main(["--mode", "slots"]) == 2
-    assert "'slots' (not yet: this replay does whole, consumable)" in capsys.readouterr().err
+    assert main(["--mode", "halves"]) == 2
+    assert "mode 'halves' is unknown; known: whole, consumable, slots" in capsys.readouterr().err
     assert main(["--mode", "whole", "--nodes", str(nodes)]) == 2
     assert f"{nodes}:3: column gpu: 'x' is not a whole number" in capsys.readouterr().err

@@ -167,3 +167,23 @@ def read_pods(path: Path) -> list[TracePod]:
     if not pods:
         raise TraceError(path, 2, "*", "no pods")
     return pods
+
+
+TRACE_DIR_ENV = "DRA_TRACE_DIR"
+NODES_FILE = "openb_node_list_all_node.csv"
+PODS_FILE = "openb_pod_list_default.csv"
+
+
+def default_trace_dir() -> Path:
+    """Where the trace's README says it lives in a checkout: ``../shared/traces/``
+    beside the repository root (the directory above the ``dra_driver`` package)."""
+    return Path(__file__).resolve().parents[2].parent / "shared" / "traces" / "alibaba-gpu-v2023"
+
+
+def trace_files(
+    trace_dir: Path | None, nodes: Path | None, pods: Path | None, env_dir: str | None
+) -> tuple[Path, Path]:
+    """The node and pod lists: given ones first, then those of ``trace_dir``, of the
+    environment's ``$DRA_TRACE_DIR`` (``env_dir``), or of :func:`default_trace_dir`."""
+    base = trace_dir or (Path(env_dir) if env_dir else default_trace_dir())
+    return nodes or base / NODES_FILE, pods or base / PODS_FILE

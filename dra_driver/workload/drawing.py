@@ -21,9 +21,9 @@ from __future__ import annotations
 import random
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from bench.trace_replay.trace import TraceNode, TracePod
+from dra_driver.workload.trace import TraceNode, TracePod
 
 TARGETS = (1.0, 1.3)
 """Shares of the cluster's GPU capacity requested at which the paper reports."""
@@ -90,3 +90,21 @@ def draw_pods(
             requested += pod.gpu_request_milli
         reached.append(len(drawn))
     return Draw(tuple(drawn), tuple(reached), capacity_milli)
+
+
+def resize_nodes(nodes: Sequence[TraceNode], factor: float) -> list[TraceNode]:
+    """``nodes`` proportionally resized by ``factor`` > 0: whole copies of every node
+    (renamed ``<name>-c<k>``) for the integer part, and a stratified share
+    (:func:`scale_nodes`) for the rest, so a larger cluster keeps the mix too."""
+    if factor <= 0:
+        raise ValueError(f"factor {factor}: want > 0")
+    copies = int(factor)
+    out: list[TraceNode] = []
+    for k in range(copies):
+        out += [n if k == 0 else replace(n, name=f"{n.name}-c{k}") for n in nodes]
+    rest = factor - copies
+    if rest > 1e-9:
+        suffix = f"-c{copies}" if copies else ""
+        part = scale_nodes(nodes, rest)
+        out += [replace(n, name=f"{n.name}{suffix}") if suffix else n for n in part]
+    return out

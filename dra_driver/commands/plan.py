@@ -1,0 +1,134 @@
+"""``dra-driver plan``: what each sharing mode needs for a workload in the trace's format
+(Alibaba's v2023 node and pod lists): the GPUs needed to place it and the allocation rate
+at 100 % and 130 % of the GPU capacity requested, from the project's allocator with the
+stock scheduler's scoring, on the slices the driver publishes (docs/trace-replay.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+DEVICECLASSES = Path(__file__).resolve().parents[2] / "deploy" / "deviceclasses"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--trace-dir",
+        type=Path,
+        help="directory of the trace's CSV files (default "
+        "../shared/traces/alibaba-gpu-v2023 beside the repository)",
+    )
+    parser.add_argument("--pods", type=Path, help="pod list (default: the trace's default list)")
+    parser.add_argument("--nodes", type=Path, help="node list (default: the trace's node list)")
+    parser.add_argument(
+        "--modes",
+        default="whole,consumable,slots,time-slicing,mig",
+        help="comma-separated modes (default all: whole, consumable, slots, time-slicing, mig)",
+    )
+    parser.add_argument("--seed", type=int, default=42, help="seed of the pod draw (default 42)")
+    parser.add_argument(
+        "--scale",
+        type=float,
+        default=1.0,
+        help="share of the nodes, stratified, as the replay's --scale (default 1)",
+    )
+    parser.add_argument(
+        "--precision",
+        type=float,
+        default=0.02,
+        help="GPUs needed to within this share of the cluster (default 0.02)",
+    )
+    parser.add_argument(
+        "--deviceclasses",
+        type=Path,
+        default=DEVICECLASSES,
+        help="directory of the chart's DeviceClass files (default deploy/deviceclasses)",
+    )
+    parser.add_argument(
+        "-o",
+        "--output",
+        choices=("table", "json"),
+        default="table",
+        help="a table, or a JSON list with one object per mode (default table)",
+    )
+
+
+def _classes(directory: Path) -> dict[str, Any]:
+    import yaml
+
+    from dra_driver.allocation.model import parse_device_class
+
+    files = sorted(directory.glob("*.yaml")) if directory.is_dir() else []
+    if not files:
+        raise ValueError(f"--deviceclasses {directory}: no DeviceClass files")
+    classes = [parse_device_class(yaml.safe_load(p.read_text())) for p in files]
+    return {c.name: c for c in classes}
+
+
+def _table(rows: list[dict[str, Any]]) -> str:
+    head = ("mode", "gpus_needed", "allocation_rate_100", "allocation_rate_130", "settings")
+    lines = [head]
+    for r in rows:
+        settings = " ".join(r["settings"].get("flags") or []) or "-"
+        if "claim_config" in r["settings"]:
+            settings += " (claim config sharing.strategy: TimeSlicing)"
+        needed = "more than " + str(3 * r["gpus"]) if r["gpus_needed"] is None else r["gpus_needed"]
+        lines.append((r["mode"], str(needed), f"{r['allocation_rate_100']:.2f}",
+                      f"{r['allocation_rate_130']:.2f}", settings))  # fmt: skip
+    widths = [max(len(line[i]) for line in lines) for i in range(len(head) - 1)]
+    return "\n".join(
+        "  ".join(c.ljust(w) for c, w in zip(line[:-1], widths, strict=True)) + "  " + line[-1]
+        for line in lines
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from dra_driver.allocation.model import ModelError
+    from dra_driver.workload.drawing import scale_nodes
+    from dra_driver.workload.modes import mode_of
+    from dra_driver.workload.plans import PlanSettings, plan_mode
+    from dra_driver.workload.trace import TRACE_DIR_ENV, read_nodes, read_pods, trace_files
+
+    began = time.monotonic()
+    quiet = logging.getLogger("dra_driver.workload")  # one discovery line per node shape
+    quiet.setLevel(max(logging.WARNING, logging.getLogger().getEffectiveLevel()))
+    try:
+        modes = [mode_of(m.strip()) for m in args.modes.split(",") if m.strip()]
+        if not modes:
+            raise ValueError("--modes: name at least one mode")
+        if not 0 < args.precision < 1:
+            raise ValueError(f"--precision {args.precision}: want 0 < precision < 1")
+        nodes_file, pods_file = trace_files(
+            args.trace_dir, args.nodes, args.pods, os.environ.get(TRACE_DIR_ENV)
+        )
+        nodes = scale_nodes(read_nodes(nodes_file), args.scale)
+        pods = read_pods(pods_file)
+        classes = _classes(args.deviceclasses)
+    except (ValueError, OSError, ModelError) as exc:  # TraceError is a ValueError
+        print(f"dra-driver plan: {exc}", file=sys.stderr)
+        return 2
+    settings = PlanSettings(seed=args.seed, scale=args.scale, step=args.precision)
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="dra-plan-") as work:
+        for mode in modes:
+            try:
+                rows.append(plan_mode(mode, nodes, pods, classes, settings, Path(work)))
+            except ValueError as exc:
+                print(f"dra-driver plan: mode {mode}: {exc}", file=sys.stderr)
+                return 2
+    if args.output == "json":
+        print(json.dumps(rows, indent=2))
+    else:
+        print(_table(rows))
+        took = time.monotonic() - began
+        print(f"\n{len(nodes)} nodes, {rows[0]['gpus']} GPUs, seed {args.seed}; {took:.0f} s",
+              file=sys.stderr)  # fmt: skip
+    return 0
