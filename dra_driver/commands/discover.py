@@ -37,8 +37,9 @@ def add_host_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="PROFILE",
         default=None,
         help="emulate a GPU node: built-in profile (dgx-a100, dgx-a100-mig, dgx-a100-mig-on, "
-        "dgx-h100, h100-l4-mixed, h200, l4-x4, t4, a100-pcie-nvlink, hgx-h100-fabric) or a "
-        "profile YAML file; no GPU or driver needed",
+        "dgx-h100, h100-l4-mixed, h200, l4-x4, t4, a100-pcie-nvlink, hgx-h100-fabric, "
+        "hgx-h100-fabric-clique8, hgx-h100-no-clique) or a profile YAML file; no GPU or "
+        "driver needed",
     )
     parser.add_argument(
         "--host-root",
