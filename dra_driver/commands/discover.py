@@ -98,6 +98,17 @@ def install_emulated_tools(node: EmulatedNode) -> None:
     gputools.install(bin_dir, record)
 
 
+def install_emulated_imex_tools(node: EmulatedNode) -> None:
+    """Emulated nvidia-imex / nvidia-imex-ctl in the emulated driver root, for the
+    ComputeDomain daemons (``compute-domain-plugin``'s call); their record is
+    ``<root>/emulation/imex.jsonl``."""
+    from dra_driver.emulation import imextools
+
+    record = node.host.root / "emulation" / "imex.jsonl"
+    record.parent.mkdir(parents=True, exist_ok=True)
+    imextools.install(node.bin_dir, record)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_host_arguments(parser)
     parser.add_argument(

@@ -182,7 +182,8 @@ def _run_daemon(record: Path, config: Path, nodes: Path, peers: list[dict[str, A
     signal.signal(signal.SIGUSR1, on_usr1)
     signal.signal(signal.SIGTERM, on_stop)
     signal.signal(signal.SIGINT, on_stop)
-    state = {"pid": os.getpid(), "started": time.time(), "peers": peers, "reloads": 0}
+    state: dict[str, Any] = {"pid": os.getpid(), "started": time.time(), "peers": peers,
+                             "reloads": 0}  # fmt: skip
     _write_state(config, state)
     _append(record, {"tool": IMEX, "pid": os.getpid(), "event": "started", "peers": peers})
     while not stop_wanted:
