@@ -76,10 +76,12 @@ class ComputeDomainBackend:
         ready_wait_s: float = 2.0,
         poll_s: float = 0.25,
         sleep: Callable[[float], None] = time.sleep,
+        on_step: Callable[[str], None] | None = None,
     ) -> None:
         """``state_dir`` must be a host path seen at the same place (daemons mount their
         domain's directory from it); ``ready_wait_s``: how long a channel prepare waits
-        for the daemon pod before failing retryably (0: not at all)."""
+        for the daemon pod before failing retryably (0: not at all). ``on_step`` is told the
+        name of each step just done (crash tests SIGKILL there)."""
         self.host = host
         self._node = node_name
         self._kind = cdi.claim_kind(driver_name)
@@ -94,6 +96,7 @@ class ComputeDomainBackend:
         self._ready_wait_s = ready_wait_s
         self._poll_s = poll_s
         self._sleep = sleep
+        self._step = on_step or (lambda _name: None)
 
     # -- start -----------------------------------------------------------------
 
@@ -155,16 +158,19 @@ class ComputeDomainBackend:
                     )
                     cp.claims[claim.uid] = entry
                     self._store.write(cp)
+                    self._step("checkpoint-started")
             if isinstance(config, ChannelConfig):
                 spec = self._prepare_channel(claim.uid, config, busy, log)
             else:
                 spec = self._prepare_daemon(claim.uid, config)
             cdi.write_spec(self._cdi_dir, claim.uid, spec)
+            self._step("cdi-spec")
             devices = (Device(device.request, device.device, (self._qualified(claim.uid),)),)
             with self._store.transaction() as cp:
                 entry = cp.claims[claim.uid]
                 entry.state, entry.devices = COMPLETED, devices
                 self._store.write(cp)
+            self._step("checkpoint-completed")
         except (CheckpointError, cdi.CdiError, KubeError, OSError) as exc:
             raise PrepareError(f"claim {claim.uid}: {exc}") from exc
         log.info("prepared", extra={"kind": kind, "domain": config.domain_id})
@@ -178,14 +184,18 @@ class ComputeDomainBackend:
             cdi.remove_spec(self._cdi_dir, self._kind, claim.uid)
             if entry is None:
                 return
+            self._step("cdi-spec-removed")
             others = cp.domain_claims(entry.kind, entry.domain_id, besides=claim.uid)
             if not others and entry.kind == "channel":
                 self._label.release(entry.domain_id)
+                self._step("label-released")
             if not others and entry.kind == "daemon":
                 shutil.rmtree(self._domains_dir / entry.domain_id, ignore_errors=True)
+                self._step("domain-dir-removed")
             with self._store.transaction() as cp:
                 cp.claims.pop(claim.uid, None)
                 self._store.write(cp)
+            self._step("checkpoint-removed")
         except (CheckpointError, cdi.CdiError, KubeError, OSError) as exc:
             raise PrepareError(f"claim {claim.uid}: unprepare: {exc}") from exc
         log.info("unprepared", extra={"kind": entry.kind, "domain": entry.domain_id})
@@ -207,10 +217,12 @@ class ComputeDomainBackend:
             raise PrepareError(f"claim {uid}: node {self._node} is in ComputeDomain {other}, "
                                "which still has channel claims here (one domain per node at "
                                "a time); retrying")  # fmt: skip
+        self._step("node-labelled")
         deadline = time.monotonic() + self._ready_wait_s
         while True:
             state = self._daemons.state(config.domain_id)
             if state.ready:
+                self._step("daemon-ready")
                 break
             if time.monotonic() >= deadline:
                 log.info("waiting for the domain's daemon", extra={"detail": state.detail})
@@ -224,6 +236,7 @@ class ComputeDomainBackend:
         domain_dir = self._domains_dir / config.domain_id
         self._domains_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         domain_dir.mkdir(mode=0o700, exist_ok=True)
+        self._step("domain-dir")
         return cdispecs.daemon_spec(
             self._kind, self._device_name(uid), domain_id=config.domain_id,
             domain_dir=domain_dir, host=self.host, node_name=self._node,

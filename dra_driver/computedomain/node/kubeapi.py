@@ -50,14 +50,15 @@ class NodeLabel:
         self._client.request("PATCH", f"/api/v1/nodes/{self._node}", body=body,
                              content_type=_MERGE)  # fmt: skip
 
-    def claim(self, domain_id: str, may_replace: set[str]) -> str | None:
-        """Set the label to ``domain_id``. Returns the other domain it is set to when that
-        one is not in ``may_replace`` (then nothing changed), else None."""
+    def claim(self, domain_id: str, busy: set[str]) -> str | None:
+        """Set the label to ``domain_id``, replacing a domain that is not in ``busy`` (one
+        whose claims here are all gone: its label was left behind). Returns the busy
+        domain the label names instead (then nothing changed), else None."""
         for _ in range(_ATTEMPTS):
             value, rv = self._get()
             if value == domain_id:
                 return None
-            if value is not None and value not in may_replace:
+            if value is not None and value in busy:
                 return value
             try:
                 self._patch(domain_id, rv)
