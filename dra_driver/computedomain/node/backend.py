@@ -16,7 +16,8 @@ Channel prepare (a workload's claim), each step idempotent, in this order:
 Daemon prepare: recorded, the domain's host directory (``<state_dir>/domains/<uid>``,
 0700) made, the CDI spec written, completed.
 
-Unprepare removes the CDI spec, then (channel) the node's label when no other channel
+Unprepare marks the entry ``PrepareStarted`` again (a repeated prepare then redoes every
+step instead of answering from the record), removes the CDI spec, then (channel) the node's label when no other channel
 claim of that domain is left here, or (daemon) the domain's host directory when no other
 daemon claim of it is left, and only then the entry: a SIGKILL anywhere leaves an entry
 whose retried unprepare finishes the job.
@@ -38,6 +39,7 @@ from dra_driver.computedomain.names import (
 from dra_driver.computedomain.node import cdispecs
 from dra_driver.computedomain.node.checkpoint import (
     COMPLETED,
+    STARTED,
     CheckpointError,
     CheckpointStore,
     Device,
@@ -179,8 +181,14 @@ class ComputeDomainBackend:
     def unprepare(self, claim: ClaimRef) -> None:
         log = claim.logger(self._log)
         try:
-            cp, _ = self._store.read()
-            entry = cp.claims.get(claim.uid)
+            with self._store.transaction() as cp:
+                entry = cp.claims.get(claim.uid)
+                if entry is not None and entry.completed:
+                    # From here on a repeated prepare (or PreparedLookup) must not answer
+                    # from the record while the spec is going away.
+                    entry.state = STARTED
+                    self._store.write(cp)
+                    self._step("checkpoint-unpreparing")
             cdi.remove_spec(self._cdi_dir, self._kind, claim.uid)
             if entry is None:
                 return
