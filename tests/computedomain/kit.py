@@ -58,8 +58,9 @@ def backend(
             host = read_host(node.host, nvml)
         finally:
             nvml.shutdown()
-    store = CheckpointStore(state_dir=state_dir,
-                            boot_id_file=node.host.proc("sys", "kernel", "random", "boot_id"))
+    store = CheckpointStore(
+        state_dir=state_dir, boot_id_file=node.host.proc("sys", "kernel", "random", "boot_id")
+    )
     b = ComputeDomainBackend(
         driver_name="compute-domain.nvidia.com", node_name=node_name, host=host,
         cdi_dir=cdi_dir, state_dir=state_dir, store=store, label=NodeLabel(client, node_name),
@@ -109,8 +110,9 @@ def set_ready(cluster: Cluster, pod_path: str, ready: bool) -> None:
     """What the kubelet writes once the readiness probe (nvidia-imex-ctl -q) passes."""
     condition = {"type": "Ready", "status": "True" if ready else "False",
                  "reason": "" if ready else "ContainersNotReady"}  # fmt: skip
-    cluster.rest.merge_patch(pod_path + "/status",
-                             {"status": {"phase": "Running", "conditions": [condition]}})
+    cluster.rest.merge_patch(
+        pod_path + "/status", {"status": {"phase": "Running", "conditions": [condition]}}
+    )
 
 
 def node_label(cluster: Cluster, node: str) -> str | None:

@@ -26,7 +26,12 @@ from tests.plugin.clusterkit import apply_rbac, node_bound_kubeconfig, unique
 REPO = Path(__file__).parents[2]
 PREPARE_STEPS = ["checkpoint-started", "node-labelled", "daemon-ready", "cdi-spec",
                  "checkpoint-completed"]  # fmt: skip
-UNPREPARE_STEPS = ["checkpoint-unpreparing", "cdi-spec-removed", "label-released", "checkpoint-removed"]
+UNPREPARE_STEPS = [
+    "checkpoint-unpreparing",
+    "cdi-spec-removed",
+    "label-released",
+    "checkpoint-removed",
+]
 
 
 @dataclass

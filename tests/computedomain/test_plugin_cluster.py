@@ -49,9 +49,7 @@ def env(cluster: Cluster) -> Iterator[Env]:
 
 def _spec(root: Path, uid: str) -> dict:  # type: ignore[type-arg]
     _, cdi_dir, _ = kit.paths(root)
-    return json.loads(
-        (cdi_dir / f"k8s.compute-domain.nvidia.com-claim_{uid}.json").read_text()
-    )
+    return json.loads((cdi_dir / f"k8s.compute-domain.nvidia.com-claim_{uid}.json").read_text())
 
 
 def _retry_until_enforced(call, timeout: float = 30.0) -> KubeApiError:  # type: ignore[no-untyped-def]
@@ -94,7 +92,8 @@ def test_channel_waits_for_the_daemon_then_gets_its_channel(env: Env, tmp_path: 
             (prepared,) = b.prepare(single)
             assert prepared.device_name == "channel-0" and prepared.pool_name == node
             assert prepared.cdi_device_ids == (
-                "k8s.compute-domain.nvidia.com/claim=11111111-aaaa-4bbb-8ccc-000000000001-0",)
+                "k8s.compute-domain.nvidia.com/claim=11111111-aaaa-4bbb-8ccc-000000000001-0",
+            )
             (device,) = _spec(tmp_path, single.uid)["devices"]
             assert device["containerEdits"]["deviceNodes"] == [{
                 "path": "/dev/nvidia-caps-imex-channels/channel0", "type": "c",
@@ -135,8 +134,11 @@ def test_daemon_claim_gets_its_domain_dir_and_identity(env: Env, tmp_path: Path)
         edits = _spec(tmp_path, claim.uid)["devices"][0]["containerEdits"]
         domain_dir = kit.paths(tmp_path)[2] / "domains" / DOMAIN
         assert domain_dir.is_dir() and (domain_dir.stat().st_mode & 0o777) == 0o700
-        assert set(edits["env"]) == {f"DOMAIN_UID={DOMAIN}", "IMEX_BIN_DIR=/imex-bin",
-                                     "CLIQUE_ID=8f3a2c61-5d0e-4b7a-9c1e-2f6d8b4a0c17.7"}
+        assert set(edits["env"]) == {
+            f"DOMAIN_UID={DOMAIN}",
+            "IMEX_BIN_DIR=/imex-bin",
+            "CLIQUE_ID=8f3a2c61-5d0e-4b7a-9c1e-2f6d8b4a0c17.7",
+        }
         mounts = {m["containerPath"]: m["hostPath"] for m in edits["mounts"]}
         assert mounts["/etc/nvidia-imex"] == str(domain_dir)
         assert Path(mounts["/imex-bin"]).name == "bin"
@@ -162,8 +164,12 @@ def test_the_token_may_change_only_the_domain_label_of_its_own_node(env: Env) ->
     merge = "application/merge-patch+json"
 
     def patch(node: str, labels: dict[str, str | None]) -> None:
-        env.client.request("PATCH", f"/api/v1/nodes/{node}",
-                           body={"metadata": {"labels": labels}}, content_type=merge)
+        env.client.request(
+            "PATCH",
+            f"/api/v1/nodes/{node}",
+            body={"metadata": {"labels": labels}},
+            content_type=merge,
+        )
 
     other = _retry_until_enforced(lambda: patch(env.other_node, {DOMAIN_LABEL: DOMAIN}))
     assert other.status == 422 and "may only change its own Node" in str(other)

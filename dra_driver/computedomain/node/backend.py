@@ -17,10 +17,10 @@ Daemon prepare: recorded, the domain's host directory (``<state_dir>/domains/<ui
 0700) made, the CDI spec written, completed.
 
 Unprepare marks the entry ``PrepareStarted`` again (a repeated prepare then redoes every
-step instead of answering from the record), removes the CDI spec, then (channel) the node's label when no other channel
-claim of that domain is left here, or (daemon) the domain's host directory when no other
-daemon claim of it is left, and only then the entry: a SIGKILL anywhere leaves an entry
-whose retried unprepare finishes the job.
+step instead of answering from the record), removes the CDI spec, then (channel) the
+node's label when no other channel claim of that domain is left here, or (daemon) the
+domain's host directory when no other daemon claim of it is left, and only then the
+entry: a SIGKILL anywhere leaves an entry whose retried unprepare finishes the job.
 """
 
 from __future__ import annotations
