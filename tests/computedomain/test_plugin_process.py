@@ -72,8 +72,9 @@ def test_plugin_registers_publishes_its_devices_and_stops(
             time.sleep(0.2)
         (slice_,) = our_slices(cluster, DRIVER, name)
         status, body = _readyz(port)  # no kubelet here: only the registration is missing
-        assert status == 503 and body["problems"] == [
-            "not registered with the kubelet: pending"], body
+        assert status == 503 and body["problems"] == ["not registered with the kubelet: pending"], (
+            body
+        )
         devices = {d["name"]: d["attributes"] for d in slice_["spec"]["devices"]}
         clique = {"string": "8f3a2c61-5d0e-4b7a-9c1e-2f6d8b4a0c17.8"}
         assert devices == {
