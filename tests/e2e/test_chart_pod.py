@@ -47,7 +47,10 @@ def test_daemonset_pod_runs_the_image_as_the_chart_says(
     node = chart_node
     (pod,) = node.plugin_pods()
     assert node.pod_ready(pod)  # the readiness probe (/readyz) passed
-    (container,) = pod["spec"]["containers"]
+    container, cd_container = pod["spec"]["containers"]
+    assert cd_container["name"] == "compute-domain-plugin"
+    assert cd_container["image"] == plugin_image[1]
+    assert cd_container["args"][0] == "compute-domain-plugin"
     assert container["image"] == plugin_image[1]
     assert container["args"][0] == "kubelet-plugin"
     mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
@@ -58,7 +61,9 @@ def test_daemonset_pod_runs_the_image_as_the_chart_says(
     assert mounts["driver-root"] == "/driver-root"
     assert any(m.startswith("kube-api-access") for m in mounts)  # the projected token
     # Rolling-update mode from the downward API: the socket carries the pod's UID.
-    assert registry(node) == [f"gpu.nvidia.com-{pod['metadata']['uid']}-reg.sock"]
+    uid = pod["metadata"]["uid"]  # the compute-domain plugin registers beside the GPU one
+    assert registry(node) == [f"compute-domain.nvidia.com-{uid}-reg.sock",
+                              f"gpu.nvidia.com-{uid}-reg.sock"]  # fmt: skip
     assert node.registrations() == 1
     # The image runs the Dockerfile's entry point and command.
     dockerfile = Dockerfile.parse((ROOT / "Dockerfile").read_text())
