@@ -117,3 +117,23 @@ def test_channel_specs_are_valid_cdi() -> None:
                                   runtime_driver_root=Path("/"))  # fmt: skip
     cdi.validate(daemon)
     assert daemon.devices[0].edits.env == (f"DOMAIN_UID={DOMAIN}", "CLIQUE_ID=none-n1")
+
+
+@pytest.mark.parametrize(
+    ("profile", "clique"),
+    [("hgx-h100-fabric", "8f3a2c61-5d0e-4b7a-9c1e-2f6d8b4a0c17.7"),
+     ("hgx-h100-no-clique", ""),
+     ("dgx-a100", "")],  # NVML answers NOT_SUPPORTED for fabric info before Hopper
+)  # fmt: skip
+def test_clique_from_nvml(tmp_path: Path, profile: str, clique: str) -> None:
+    from dra_driver.computedomain.node.hostinfo import clique_id
+    from dra_driver.gpu.hardware.nvml import Nvml
+
+    node = EmulatedNode.create(profile, tmp_path)
+    with node.nvml():
+        nvml = Nvml()
+        nvml.init()
+        try:
+            assert clique_id(nvml) == clique
+        finally:
+            nvml.shutdown()

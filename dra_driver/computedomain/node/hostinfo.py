@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dra_driver.errors import DriverError
-from dra_driver.gpu.hardware.nvml import Nvml
+from dra_driver.gpu.hardware.nvml import Nvml, NvmlError
 from dra_driver.gpu.hardware.topology import fabric_membership
 from dra_driver.gpu.host.hostpaths import BIN_DIRS, HostPaths
 
@@ -63,10 +63,16 @@ def imex_mgmt_minor(host: HostPaths) -> int | None:
 
 
 def clique_id(nvml: Nvml) -> str:
-    """The clique every GPU of the node is registered in, "" when none is; mixed: an error."""
+    """The clique every GPU of the node is registered in, "" when none is; mixed: an error.
+    A GPU without fabric info (NVML answers NOT_SUPPORTED before Hopper) is in none."""
     cliques = set()
     for i in range(nvml.device_count()):
-        member = fabric_membership(nvml, nvml.handle_by_index(i))
+        try:
+            member = fabric_membership(nvml, nvml.handle_by_index(i))
+        except NvmlError as exc:
+            if not exc.not_supported:
+                raise HostInfoError(f"GPU {i}: reading its fabric info: {exc}") from exc
+            member = None
         cliques.add("" if member is None else f"{member.cluster_uuid}.{member.clique_id}")
     if len(cliques) > 1:
         raise HostInfoError(f"the node's GPUs are in different cliques {sorted(cliques)}; a "

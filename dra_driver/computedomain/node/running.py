@@ -21,7 +21,7 @@ from dra_driver.computedomain.node.hostinfo import read_host
 from dra_driver.computedomain.node.kubeapi import DaemonPods, NodeLabel
 from dra_driver.daemon import Fatal, Wakeups
 from dra_driver.errors import DriverError
-from dra_driver.gpu.hardware.nvml import Nvml
+from dra_driver.gpu.hardware.nvml import Nvml, NvmlError
 from dra_driver.gpu.host.hostpaths import HostPaths
 from dra_driver.plugin.settings import PluginSettings
 
@@ -112,7 +112,7 @@ def run(settings: ComputeDomainPluginSettings, *, host: HostPaths,
                     plugin.republish()
     except StartError:
         raise
-    except (DriverError, OSError) as exc:
+    except (DriverError, NvmlError, OSError) as exc:
         raise StartError(f"cannot start: {exc}") from exc
     finally:
         wakeups.uninstall()
