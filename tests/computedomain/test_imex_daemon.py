@@ -26,7 +26,8 @@ from tests.plugin.clusterkit import unique
 REPO = Path(__file__).parents[2]
 DOMAIN = "c0ffee00-1234-4abc-8def-000000000001"
 CLIQUE = "8f3a2c61-5d0e-4b7a-9c1e-2f6d8b4a0c17.7"
-CLIQUES = f"/apis/resource.nvidia.com/v1beta1/namespaces/{kit.NAMESPACE}/{CLIQUE_PLURAL}"
+CLIQUES_PATH = "/apis/resource.nvidia.com/v1beta1/namespaces/{namespace}/" + CLIQUE_PLURAL
+CLIQUES = CLIQUES_PATH.format(namespace=kit.NAMESPACE)
 CRD = {
     # Only what this test needs to store the object; the real CRD ships with the controller.
     "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
