@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -50,12 +51,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+_NAMES = {
+    # What each value may hold: they go into API paths, object names and a label value.
+    "node_name": re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$"),
+    "pod_name": re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$"),
+    "namespace": re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"),
+    "clique_id": re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"),
+}
+
+
 def _value(args: argparse.Namespace, dest: str) -> str:
-    value = getattr(args, dest) or os.environ.get(_FROM_ENV[dest], "")
+    value = str(getattr(args, dest) or os.environ.get(_FROM_ENV[dest], ""))
+    flag = "--" + dest.replace("_", "-")
     if not value:
-        flag = "--" + dest.replace("_", "-")
         raise SettingsError(f"{flag} / ${_FROM_ENV[dest]} is not set")
-    return str(value)
+    rule = _NAMES.get(dest)
+    if rule is not None and not rule.match(value):
+        raise SettingsError(
+            f"{flag} / ${_FROM_ENV[dest]} is {value!r}: not a valid "
+            f"{'label value' if dest == 'clique_id' else 'Kubernetes name'}"
+        )
+    return value
 
 
 def run(args: argparse.Namespace) -> int:

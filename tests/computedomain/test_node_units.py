@@ -137,3 +137,19 @@ def test_clique_from_nvml(tmp_path: Path, profile: str, clique: str) -> None:
             assert clique_id(nvml) == clique
         finally:
             nvml.shutdown()
+
+
+def test_daemon_refuses_identity_that_would_reach_a_path_or_label(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from dra_driver.cli import main
+
+    env = {"NODE_NAME": "n1", "POD_NAME": "../x", "POD_NAMESPACE": "ns", "POD_IP": "10.0.0.1",
+           "DOMAIN_UID": DOMAIN, "CLIQUE_ID": "c.1"}  # fmt: skip
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in env.items():
+            mp.setenv(k, v)
+        assert main(["compute-domain-daemon", "run"]) == 2  # a settings error, nothing started
+    assert (
+        "--pod-name / $POD_NAME is '../x': not a valid Kubernetes name" in capsys.readouterr().err
+    )
