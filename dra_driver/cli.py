@@ -37,6 +37,14 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "dra_driver.commands.kubelet_plugin",
         "run the DRA kubelet plugin for this node's GPUs",
     ),
+    "compute-domain-plugin": (
+        "dra_driver.commands.compute_domain_plugin",
+        "run the compute-domain.nvidia.com kubelet plugin (ComputeDomain IMEX channels)",
+    ),
+    "compute-domain-daemon": (
+        "dra_driver.commands.compute_domain_daemon",
+        "run a ComputeDomain's IMEX daemon on this node (a domain daemon pod's container)",
+    ),
     "mps-daemon": (
         "dra_driver.commands.mps_daemon",
         "run one MPS control daemon in the foreground (an MPS daemon pod's container)",

@@ -45,7 +45,12 @@ def node_slice(node: str, clique: str) -> Obj:
     }
 
 
-def workload_pod(i: int) -> Obj:
+BENCH_LABEL = "bench.dra-driver.io/compute-domain"
+"""On the bench's nodes; its workload pods select it, so a channel-0 some other node
+publishes (a real node, or another test's) never takes one of them."""
+
+
+def workload_pod(i: int, run: str) -> Obj:
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -60,6 +65,7 @@ def workload_pod(i: int) -> Obj:
                 }
             ],
             "terminationGracePeriodSeconds": 0,
+            "nodeSelector": {BENCH_LABEL: run},
         },
     }
 

@@ -17,6 +17,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.compute_domain.nodes import (
+    BENCH_LABEL,
     DRIVER_NS,
     TEMPLATE,
     WORK_NS,
@@ -85,7 +86,9 @@ def run(cluster: Cluster, args: argparse.Namespace, work: Path) -> dict[str, Any
         for i, n in enumerate(nodes)
     }
     with ThreadPoolExecutor(16) as pool:
-        list(pool.map(cluster.create_node, nodes))
+        list(
+            pool.map(lambda n: cluster.create_node(n, {BENCH_LABEL: p.strip("-_.") or "cd"}), nodes)
+        )
         list(
             pool.map(
                 lambda n: cluster.rest.create(
@@ -147,7 +150,8 @@ def run(cluster: Cluster, args: argparse.Namespace, work: Path) -> dict[str, Any
             list(
                 pool.map(
                     lambda i: cluster.rest.create(
-                        f"/api/v1/namespaces/{work_ns}/pods", workload_pod(i)
+                        f"/api/v1/namespaces/{work_ns}/pods",
+                        workload_pod(i, p.strip("-_.") or "cd"),
                     ),
                     range(args.nodes),
                 )

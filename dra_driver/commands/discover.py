@@ -37,8 +37,9 @@ def add_host_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="PROFILE",
         default=None,
         help="emulate a GPU node: built-in profile (dgx-a100, dgx-a100-mig, dgx-a100-mig-on, "
-        "dgx-h100, h100-l4-mixed, h200, l4-x4, t4, a100-pcie-nvlink, hgx-h100-fabric) or a "
-        "profile YAML file; no GPU or driver needed",
+        "dgx-h100, h100-l4-mixed, h200, l4-x4, t4, a100-pcie-nvlink, hgx-h100-fabric, "
+        "hgx-h100-fabric-clique8, hgx-h100-no-clique) or a profile YAML file; no GPU or "
+        "driver needed",
     )
     parser.add_argument(
         "--host-root",
@@ -95,6 +96,17 @@ def install_emulated_tools(node: EmulatedNode) -> None:
         return
     record.parent.mkdir(parents=True, exist_ok=True)
     gputools.install(bin_dir, record)
+
+
+def install_emulated_imex_tools(node: EmulatedNode) -> None:
+    """Emulated nvidia-imex / nvidia-imex-ctl in the emulated driver root, for the
+    ComputeDomain daemons (``compute-domain-plugin``'s call); their record is
+    ``<root>/emulation/imex.jsonl``."""
+    from dra_driver.emulation import imextools
+
+    record = node.host.root / "emulation" / "imex.jsonl"
+    record.parent.mkdir(parents=True, exist_ok=True)
+    imextools.install(node.bin_dir, record)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

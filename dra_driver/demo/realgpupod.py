@@ -137,12 +137,15 @@ class RealGpuNodePod(RealGpuNode):
         return any(self.pod_ready(p) for p in self.plugin_pods())
 
     def kill_plugin(self) -> None:
-        """SIGKILL the plugin container's process, as an OOM kill would; the kubelet
-        restarts the container in the same pod."""
+        """SIGKILL the GPU plugin container's process, as an OOM kill would; the kubelet
+        restarts the container in the same pod (the compute-domain plugin's beside it
+        keeps running)."""
         pod = self.plugin_pods()[-1]
         tasks = self.node.ctr("tasks", "ls").stdout.splitlines()[1:]
         containers = {
-            c["containerID"].split("//")[1]: c for c in pod["status"].get("containerStatuses") or []
+            c["containerID"].split("//")[1]: c
+            for c in pod["status"].get("containerStatuses") or []
+            if c["name"] == "plugin"
         }
         for line in tasks:
             task, pid, state = line.split()[:3]
@@ -153,7 +156,8 @@ class RealGpuNodePod(RealGpuNode):
 
     def restart_count(self) -> int:
         pod = self.plugin_pods()[-1]
-        return sum(c.get("restartCount", 0) for c in pod["status"].get("containerStatuses") or [])
+        return sum(c.get("restartCount", 0) for c in pod["status"].get("containerStatuses") or []
+                   if c["name"] == "plugin")  # fmt: skip
 
     def roll(self) -> None:
         """What ``helm upgrade`` with a changed pod template does: the DaemonSet

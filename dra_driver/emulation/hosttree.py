@@ -7,7 +7,8 @@ pointed at this tree they see what they would see on the emulated node:
   ``sys/devices/pci<dom>:<bus>/<root port>/<bdf>`` (the PCIe root is derived
   from the real link, as on a node), with ``numa_node``, ``vendor``, ``device``;
 * ``sys/devices/system/node/node<N>/distance`` (the SLIT row of each NUMA node);
-* ``proc/devices`` (``nvidia`` 195, dynamic ``nvidia-uvm`` and ``nvidia-caps``),
+* ``proc/devices`` (``nvidia`` 195, dynamic ``nvidia-uvm``, ``nvidia-caps`` and
+  ``nvidia-caps-imex-channels``; the IMEX files are :mod:`.imexhost`'s),
   ``proc/driver/nvidia/gpus/<bdf>/information`` (``Device Minor``),
   ``proc/driver/nvidia/capabilities/...`` and ``proc/driver/nvidia-caps/mig-minors``,
   ``proc/sys/kernel/random/boot_id``;
@@ -33,6 +34,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from dra_driver.emulation import imexhost
 from dra_driver.emulation.elfstub import shared_object
 from dra_driver.emulation.hardware import EmulatedGpu, EmulatedProfile
 from dra_driver.gpu.host.hostpaths import HostPaths
@@ -169,6 +171,7 @@ def write_host_tree(
         host.proc("devices"),
         "Character devices:\n  1 mem\n  4 /dev/vc/0\n  5 /dev/tty\n 10 misc\n"
         f"{NVIDIA_MAJOR} nvidia\n{UVM_MAJOR} nvidia-uvm\n{CAPS_MAJOR} nvidia-caps\n"
+        f"{imexhost.proc_devices_lines()}"
         "\nBlock devices:\n  7 loop\n  8 sd\n259 blkext\n",
         0o444,
     )
@@ -200,6 +203,7 @@ def write_host_tree(
     _device_node(host.dev("nvidia-uvm-tools"), UVM_MAJOR, 1, char_nodes)
     _device_node(host.dev("nvidia-caps", "nvidia-cap1"), CAPS_MAJOR, 1, char_nodes, 0o400)
     _device_node(host.dev("nvidia-caps", "nvidia-cap2"), CAPS_MAJOR, 2, char_nodes, 0o444)
+    imexhost.write_imex_files(host, char_nodes, _write, _device_node)
 
     for node, row in enumerate(profile.numa_distances):
         _write(host.sys("devices", "system", "node", f"node{node}", "distance"),

@@ -45,6 +45,8 @@ BUILTIN_PROFILES: tuple[str, ...] = (
     "t4",
     "a100-pcie-nvlink",
     "hgx-h100-fabric",
+    "hgx-h100-fabric-clique8",
+    "hgx-h100-no-clique",
 )
 
 # Deterministic UUIDs: the same profile always yields the same GPU UUIDs.

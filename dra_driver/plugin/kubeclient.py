@@ -250,14 +250,21 @@ class KubeClient:
         self, field_selector: str, resource_version: str, *, timeout_s: int = 300
     ) -> Watch:
         """Events after ``resource_version``; ends when the server closes (``timeout_s``)."""
+        return self.watch(f"{RESOURCE_API}/resourceslices", {"fieldSelector": field_selector},
+                          resource_version, timeout_s=timeout_s)  # fmt: skip
+
+    def watch(
+        self, path: str, params: Mapping[str, str], resource_version: str, *, timeout_s: int = 300
+    ) -> Watch:
+        """Events of the collection at ``path`` (``params``: its selectors) after
+        ``resource_version``; ends when the server closes (``timeout_s``)."""
         api = self._apis()
-        params = [("watch", "true"), ("fieldSelector", field_selector),
-                  ("resourceVersion", resource_version), ("allowWatchBookmarks", "true"),
-                  ("timeoutSeconds", timeout_s)]  # fmt: skip
-        what = f"{RESOURCE_API}/resourceslices?watch"
+        query = [("watch", "true"), *params.items(), ("resourceVersion", resource_version),
+                 ("allowWatchBookmarks", "true"), ("timeoutSeconds", timeout_s)]  # fmt: skip
+        what = f"{path}?watch"
         with self._stale_on_401(), _errors("GET", what):
             serialized = api.param_serialize(
-                "GET", f"{RESOURCE_API}/resourceslices", query_params=params,
+                "GET", path, query_params=query,
                 header_params={"Accept": "application/json"}, auth_settings=["BearerToken"],
             )  # fmt: skip
             resp = api.call_api(*serialized[:4], _request_timeout=(self._timeout_s, timeout_s + 30))

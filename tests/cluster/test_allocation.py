@@ -209,7 +209,8 @@ def test_published_slices_are_accepted_and_read_back_unchanged(
     # Static MIG (the default): MIG-mode GPUs publish only the instances that exist.
     devices = {"dgx-a100-mig": 16, "dgx-a100": 8, "dgx-a100-mig-on": 0, "dgx-h100": 8,
                "h100-l4-mixed": 3, "h200": 1, "l4-x4": 4, "t4": 1, "a100-pcie-nvlink": 4,
-               "hgx-h100-fabric": 8}  # fmt: skip
+               "hgx-h100-fabric": 8, "hgx-h100-fabric-clique8": 8,
+               "hgx-h100-no-clique": 8}  # fmt: skip
     assert len(node.stored[0]["spec"].get("devices", [])) == devices[profile]
 
 

@@ -25,7 +25,7 @@ from tests.e2e.scenarios import EXAMPLES
 # h100-l4-mixed fits with its third H100 (MIG off); dgx-a100-mig-on has no whole GPU in
 # static MIG mode.
 FITS = {"dgx-a100", "dgx-a100-mig", "dgx-h100", "h200", "a100-pcie-nvlink", "hgx-h100-fabric",
-        "h100-l4-mixed"}  # fmt: skip
+        "h100-l4-mixed", "hgx-h100-fabric-clique8", "hgx-h100-no-clique"}  # fmt: skip
 
 
 def pinned_pod(pod: dict[str, Any], name: str, node: str) -> dict[str, Any]:

@@ -52,6 +52,13 @@ def render(helm: Path, *set_args: str, namespace: str = "dra-driver") -> list[di
     return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
 
 
+def plugin_container(containers: list[dict[str, Any]]) -> dict[str, Any]:
+    """The GPU plugin's container of the DaemonSet's pod (the compute-domain plugin's runs
+    beside it)."""
+    (container,) = [c for c in containers if c["name"] == "plugin"]
+    return container
+
+
 def strip_labels(obj: dict[str, Any]) -> dict[str, Any]:
     """The object without the labels/annotations Helm adds, for comparisons."""
     copy = {**obj, "metadata": dict(obj["metadata"])}

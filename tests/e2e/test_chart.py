@@ -17,6 +17,7 @@ from tests.e2e.helm import (
     ROOT,
     build_helm,
     by_kind_name,
+    plugin_container,
     render,
     run_helm,
     strip_labels,
@@ -105,7 +106,7 @@ def test_host_paths_are_mounted_at_the_same_path_and_probes_hit_the_health_port(
         render(helm, "--set", "kubeletRootDir=/data/kubelet", "--set", "healthPort=9123")
     )
     pod = ds["spec"]["template"]["spec"]
-    (container,) = pod["containers"]
+    container = plugin_container(pod["containers"])
     host = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"]}
     mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
     for name in ("plugins-registry", "plugins", "cdi", "dev"):
@@ -129,7 +130,9 @@ def test_consumable_gpus_reach_the_plugin_through_its_env(
     helm: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     def env(*args: str) -> dict[str, str]:
-        (container,) = daemonset(render(helm, *args))["spec"]["template"]["spec"]["containers"]
+        container = plugin_container(
+            daemonset(render(helm, *args))["spec"]["template"]["spec"]["containers"]
+        )
         return {e["name"]: e.get("value", "") for e in container["env"]}
 
     from dra_driver.cli import build_parser
@@ -145,10 +148,10 @@ def test_mps_slots_reach_the_plugin_through_its_env(helm: Path) -> None:
     from dra_driver.cli import build_parser
     from dra_driver.gpu.hardware.consumable import MpsSlots
 
-    (container,) = daemonset(render(helm))["spec"]["template"]["spec"]["containers"]
+    container = plugin_container(daemonset(render(helm))["spec"]["template"]["spec"]["containers"])
     assert {e["name"]: e.get("value") for e in container["env"]}["DRA_MPS_SLOTS"] == "none"
     rendered = render(helm, "--set-string", "mpsSlots=NVIDIA L4=4\\,GPU-1=2")
-    (container,) = daemonset(rendered)["spec"]["template"]["spec"]["containers"]
+    container = plugin_container(daemonset(rendered)["spec"]["template"]["spec"]["containers"])
     value = {e["name"]: e.get("value", "") for e in container["env"]}["DRA_MPS_SLOTS"]
     args = build_parser(environ={"DRA_MPS_SLOTS": value}).parse_args(
         ["kubelet-plugin", "--node-name=n"]
@@ -165,7 +168,7 @@ def test_cdi_hook_values_reach_the_plugin_s_settings(helm: Path) -> None:
 
     def settings(*args: str) -> tuple[Any, dict[str, Any], dict[str, Any]]:
         pod = daemonset(render(helm, *args))["spec"]["template"]["spec"]
-        (container,) = pod["containers"]
+        container = plugin_container(pod["containers"])
         env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
         parser = build_parser(environ={**env, "DRA_NODE_NAME": "n", "DRA_NAMESPACE": "ns"})
         gpu = daemon_settings(parser.parse_args(container["args"])).gpu
@@ -204,7 +207,7 @@ def test_mps_daemon_values_reach_the_plugin_s_settings(helm: Path) -> None:
     def rendered(*args: str) -> tuple[Any, dict[str, Any], set[tuple[str, str]], list[Any]]:
         objs = render(helm, "--set", "metrics.usageIntervalSeconds=0", *args)
         pod = daemonset(objs)["spec"]["template"]["spec"]
-        (container,) = pod["containers"]
+        container = plugin_container(pod["containers"])
         env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
         refs = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"]
                 for e in container["env"] if "valueFrom" in e}  # fmt: skip
@@ -227,7 +230,7 @@ def test_mps_daemon_values_reach_the_plugin_s_settings(helm: Path) -> None:
     assert ("RoleBinding", "dra-driver-mps-daemons") in objs
     assert pod_policy <= objs and "pods" in resources
     # No rights on pods at all, and no policy for them, when the daemons are children
-    # (the ComputeDomain controller's Role, which reads its daemon pods, left out).
+    # (the ComputeDomain controller's and plugin's Roles, which read pods, left out).
     gpu, pod, objs, resources = rendered(
         "--set", "mpsDaemons=process", "--set", "computeDomains.enabled=false"
     )
@@ -329,7 +332,7 @@ def test_daemonset_args_are_accepted_by_the_real_command(helm: Path) -> None:
             "--set", "migMode=dynamic", "--set", "dynamicMigAttributes=compact",
         )
     )  # fmt: skip
-    (container,) = ds["spec"]["template"]["spec"]["containers"]
+    container = plugin_container(ds["spec"]["template"]["spec"]["containers"])
     parser = build_parser()
     args = parser.parse_args(["--log-format=json", *container["args"], "--node-name=n1"])
     assert args.command == "kubelet-plugin"

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from dra_driver.commands import observability
-from tests.e2e.helm import CHART, build_helm, render, run_helm
+from tests.e2e.helm import CHART, build_helm, plugin_container, render, run_helm
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +27,7 @@ def plugin_args(pod, monkeypatch) -> argparse.Namespace:
     """Parse the container's args with its env, exactly as the plugin would."""
     from dra_driver.cli import build_parser
 
-    (container,) = pod["containers"]
+    container = plugin_container(pod["containers"])
     env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
     env["DRA_NODE_NAME"] = "n"  # the downward API's value
     return build_parser(environ=env).parse_args(container["args"])

@@ -8,6 +8,7 @@ that takes over the claims, and uninstalling removes the pod and its sockets."""
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -47,7 +48,10 @@ def test_daemonset_pod_runs_the_image_as_the_chart_says(
     node = chart_node
     (pod,) = node.plugin_pods()
     assert node.pod_ready(pod)  # the readiness probe (/readyz) passed
-    (container,) = pod["spec"]["containers"]
+    container, cd_container = pod["spec"]["containers"]
+    assert cd_container["name"] == "compute-domain-plugin"
+    assert cd_container["image"] == plugin_image[1]
+    assert cd_container["args"][0] == "compute-domain-plugin"
     assert container["image"] == plugin_image[1]
     assert container["args"][0] == "kubelet-plugin"
     mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
@@ -58,7 +62,11 @@ def test_daemonset_pod_runs_the_image_as_the_chart_says(
     assert mounts["driver-root"] == "/driver-root"
     assert any(m.startswith("kube-api-access") for m in mounts)  # the projected token
     # Rolling-update mode from the downward API: the socket carries the pod's UID.
-    assert registry(node) == [f"gpu.nvidia.com-{pod['metadata']['uid']}-reg.sock"]
+    # The compute-domain plugin registers beside the GPU one (its name with the UID is too
+    # long for a socket path here: hashed, as sockets.socket_paths does).
+    uid = pod["metadata"]["uid"]
+    cd_digest = hashlib.sha256(f"compute-domain.nvidia.com/{uid}".encode()).hexdigest()[:16]
+    assert registry(node) == [f"{cd_digest}-reg.sock", f"gpu.nvidia.com-{uid}-reg.sock"]
     assert node.registrations() == 1
     # The image runs the Dockerfile's entry point and command.
     dockerfile = Dockerfile.parse((ROOT / "Dockerfile").read_text())
@@ -107,7 +115,8 @@ def test_gpu_pod_restart_and_rolling_update(
         describe=node.describe_plugin,
     )  # fmt: skip
     (new_pod,) = node.plugin_pods()
-    wait_until(lambda: registry(node) == [f"gpu.nvidia.com-{new_pod['metadata']['uid']}-reg.sock"],
+    wait_until(lambda: [s for s in registry(node) if s.startswith("gpu.nvidia.com")]
+               == [f"gpu.nvidia.com-{new_pod['metadata']['uid']}-reg.sock"],
                timeout=30, what="only the new pod's registration socket")  # fmt: skip
 
     after = keep_running(objs)[-1]

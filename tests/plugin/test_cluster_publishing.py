@@ -296,7 +296,8 @@ def test_policy_pins_every_write_to_our_driver_our_node_and_our_pool(
     foreign = "other.tier2.example.com"
     cases = [
         (slice_of(DRIVER, other, other), f"ResourceSlices of that node, not of node '{other}'"),
-        (slice_of(foreign, node, node), f"of driver {DRIVER}, not of driver '{foreign}'"),
+        (slice_of(foreign, node, node),
+         f"of driver {DRIVER} or compute-domain.nvidia.com, not of driver '{foreign}'"),
         (slice_of(DRIVER, node, other, generation=99),
          f"may only write the pool named after its node, not pool '{other}'"),
     ]  # fmt: skip

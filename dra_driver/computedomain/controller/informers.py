@@ -124,9 +124,8 @@ class Informer:
     def _follow(self, version: str) -> str:
         """Applies watch events until the watch ends; returns the version to resume from
         ("" to list again)."""
-        self._watch = self._api.watch(
-            self._path, version, self._selector, timeout_s=self._watch_timeout_s
-        )
+        params = {"labelSelector": self._selector} if self._selector else {}
+        self._watch = self._api.watch(self._path, params, version, timeout_s=self._watch_timeout_s)
         try:
             for kind, obj in self._watch:
                 if kind == "ERROR":

@@ -2,7 +2,7 @@
 
 Credentials, TLS, retries and error mapping are the kubelet plugin's facade's
 (:class:`~dra_driver.plugin.kubeclient.KubeClient`, the ``kubernetes`` library below
-it); this adds watches of any collection and counts what the controller writes (and
+it), whose generic watch the informers use; this counts what the controller writes (and
 how many writes the API server refused with 409), which the scale bench reports.
 Only this module of the controller imports the library.
 """
@@ -15,15 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
-# _decode and _errors: the facade's one error mapping, reused for the generic watch.
-from dra_driver.plugin.kubeclient import (
-    ConflictError,
-    KubeApiError,
-    KubeClient,
-    Watch,
-    _decode,
-    _errors,
-)
+from dra_driver.plugin.kubeclient import ConflictError, KubeApiError, KubeClient
 
 Obj = dict[str, Any]
 MERGE_PATCH = "application/merge-patch+json"
@@ -67,27 +59,6 @@ class ControllerApi(KubeClient):
     def list_objects(self, path: str, label_selector: str = "") -> Obj:
         params = {"labelSelector": label_selector} if label_selector else {}
         return self.request("GET", path, params=params)
-
-    def watch(
-        self, path: str, resource_version: str, label_selector: str = "", *, timeout_s: int = 300
-    ) -> Watch:
-        """Events after ``resource_version`` until the server ends the watch (``timeout_s``)."""
-        api = self._apis()
-        params: list[tuple[str, str | int]] = [
-            ("watch", "true"), ("resourceVersion", resource_version),
-            ("allowWatchBookmarks", "true"), ("timeoutSeconds", timeout_s),
-        ]  # fmt: skip
-        if label_selector:
-            params.append(("labelSelector", label_selector))
-        with self._stale_on_401(), _errors("GET", f"{path}?watch"):
-            serialized = api.param_serialize(
-                "GET", path, query_params=params,
-                header_params={"Accept": "application/json"}, auth_settings=["BearerToken"],
-            )  # fmt: skip
-            resp = api.call_api(*serialized[:4], _request_timeout=(self._timeout_s, timeout_s + 30))
-            if not 200 <= resp.status < 300:
-                _decode("GET", path, resp.status, resp.read())
-        return Watch(resp.response)
 
     def write(
         self,
