@@ -128,7 +128,11 @@ class RealGpuNode:
         assert node is not None
         self.kubeconfig = node_bound_kubeconfig(self.cluster, node, self.workdir)
         ds = chart.daemonset(self.render())
-        (self._container,) = ds["spec"]["template"]["spec"]["containers"]
+        # The GPU plugin's container; the pod's compute-domain-plugin container is another
+        # driver's (docs/compute-domains.md), not started here.
+        (self._container,) = [
+            c for c in ds["spec"]["template"]["spec"]["containers"] if c["name"] == "plugin"
+        ]
         self.start_plugin()
         self.wait_ready(timeout=timeout)
         self.wait_published(timeout=timeout)
