@@ -61,6 +61,9 @@ def socket_paths(
             digest = hashlib.sha256(f"{driver}/{rolling_update_uid}".encode()).hexdigest()[:16]
             reg = registry_dir / f"{digest}-reg.sock"
         dra = plugin_dir / f"dra-{rolling_update_uid}.sock"
+        if len(os.fsencode(dra)) > MAX_SOCKET_PATH:  # a long driver name in a deep root
+            digest = hashlib.sha256(f"{driver}/{rolling_update_uid}".encode()).hexdigest()[:16]
+            dra = plugin_dir / f"dra-{digest}.sock"
     else:
         reg = registry_dir / f"{driver}-reg.sock"
         dra = plugin_dir / "dra.sock"

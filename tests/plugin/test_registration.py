@@ -138,6 +138,27 @@ def test_rolling_update_registration_name_is_hashed_when_too_long() -> None:
     assert paths.registration.name.endswith("-reg.sock")
 
 
+def test_rolling_update_dra_socket_name_is_hashed_when_too_long() -> None:
+    """A long driver name (compute-domain.nvidia.com) under a deep kubelet root: the
+    UID-suffixed name would pass 107 bytes, so a digest of driver and UID stands in."""
+    uid = "ca887c96-06e7-41cc-9da4-42c3cf2ecb61"
+    paths = socket_paths(
+        driver="compute-domain.nvidia.com",
+        registry_dir=Path("/r"),
+        plugins_dir=Path("/tmp/demo-k_1_9fgd/n0/kubelet/plugins"),
+        rolling_update_uid=uid,
+    )
+    assert len(os.fsencode(paths.dra)) <= 107
+    assert paths.dra.name.startswith("dra-") and uid not in paths.dra.name
+    same = socket_paths(
+        driver="compute-domain.nvidia.com",
+        registry_dir=Path("/r"),
+        plugins_dir=Path("/tmp/demo-k_1_9fgd/n0/kubelet/plugins"),
+        rolling_update_uid=uid,
+    )
+    assert same.dra == paths.dra  # stable: a restarted instance finds its own socket
+
+
 def test_relative_directories_still_give_an_absolute_endpoint() -> None:
     paths = socket_paths(
         driver=DRIVER,
