@@ -26,6 +26,7 @@ from dra_driver.devcluster.schedconfig import (
 
 REPO = Path(__file__).resolve().parents[2]
 SHIPPED = sorted((REPO / "deploy" / "scheduler").glob("*.yaml"))
+TRIALS = sorted((REPO / "bench" / "trace_replay" / "scheduler-profiles").glob("*.yaml"))
 HEAD = "apiVersion: kubescheduler.config.k8s.io/v1\nkind: KubeSchedulerConfiguration\n"
 
 
@@ -99,14 +100,21 @@ def test_scheduler_argv_uses_the_file_instead_of_the_ignored_flags(tmp_path: Pat
     assert "--kube-api-qps=1000" in kcm and f"--kubeconfig={kubeconfig}" in kcm
 
 
-@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.name)
-def test_shipped_profiles_pack_by_most_allocated_as_a_second_profile(path: Path) -> None:
+@pytest.mark.parametrize("path", SHIPPED + TRIALS, ids=lambda p: p.name)
+def test_every_profile_file_parses_and_keeps_a_default_profile(path: Path) -> None:
+    """Each file the docs measure loads as kube-scheduler's input, and its first
+    profile is the default one (pods that select no profile still get scheduled)."""
     config = read_scheduler_config(path)
+    assert config.profile_names[0] == "default-scheduler"
+    assert set(config.profile_names) <= {"default-scheduler", "gpu-packing"}
+
+
+def test_shipped_packing_profile_is_most_allocated_beside_an_untouched_default() -> None:
+    config = read_scheduler_config(REPO / "deploy" / "scheduler" / "gpu-packing.yaml")
     assert config.profile_names == ("default-scheduler", "gpu-packing")
     profile = config.document["profiles"][1]
     (fit,) = [c for c in profile["pluginConfig"] if c["name"] == "NodeResourcesFit"]
     assert fit["args"]["scoringStrategy"]["type"] == "MostAllocated"
-    # the default profile is left as kube-scheduler's own
     assert config.document["profiles"][0] == {"schedulerName": "default-scheduler"}
 
 
