@@ -59,10 +59,14 @@ class ClusterOptions:
     The cluster writes :meth:`SchedulerConfig.effective`: the client settings above go
     into the file, since kube-scheduler ignores their flags with ``--config``."""
 
-    def profiling_args(self, *, delegated: bool) -> list[str]:
+    def profiling_args(self, *, delegated: bool, allow: Sequence[str] = ()) -> list[str]:
+        """``--profiling``, and for the delegated-auth components the paths served without
+        authorization: pprof when profiling, plus ``allow``."""
         args = [f"--profiling={str(self.profiling).lower()}"]
-        if self.profiling and delegated:
-            args.append("--authorization-always-allow-paths=/healthz,/readyz,/livez,/debug/pprof/*")
+        paths = [*(["/debug/pprof/*"] if self.profiling else []), *allow]
+        if paths and delegated:
+            always = ",".join(["/healthz", "/readyz", "/livez", *paths])
+            args.append(f"--authorization-always-allow-paths={always}")
         return args
 
     def client_args(self) -> list[str]:
@@ -143,12 +147,14 @@ def _serving(
     options: ClusterOptions, certs: ClusterCerts, kubeconfig: Path, config: Path | None = None
 ) -> list[str]:
     # With --config, kube-scheduler ignores --kubeconfig, the client and the profiling
-    # flags: the file carries them (SchedulerConfig.effective).
+    # flags: the file carries them (SchedulerConfig.effective). Its /configz is then
+    # served as /healthz is, so that a run can show the configuration in force.
     client = (
         [f"--config={config}"]
         if config is not None
         else [f"--kubeconfig={kubeconfig}", *options.client_args()]
     )
+    allow = ("/configz",) if config is not None else ()
     return [
         "--bind-address=127.0.0.1",
         f"--tls-cert-file={certs.serving_cert}",
@@ -157,7 +163,7 @@ def _serving(
         "--leader-elect=false",
         f"--v={options.verbosity}",
         *options.gate_args(),
-        *options.profiling_args(delegated=True),
+        *options.profiling_args(delegated=True, allow=allow),
     ]
 
 

@@ -95,6 +95,11 @@ def test_scheduler_argv_uses_the_file_instead_of_the_ignored_flags(tmp_path: Pat
     argv = scheduler_argv(binaries, options, certs, kubeconfig, 1, config)
     assert f"--config={config}" in argv
     assert not [a for a in argv if a.startswith(("--kube-api-", "--kubeconfig"))]
+    # /configz is readable (as /healthz), to show the configuration in force
+    (allow,) = [a for a in argv if a.startswith("--authorization-always-allow-paths=")]
+    assert "/configz" in allow.split("=")[1].split(",")
+    plain = scheduler_argv(binaries, ClusterOptions(), certs, kubeconfig, 1)
+    assert not [a for a in plain if a.startswith("--authorization-always-allow-paths")]
     # the controller manager has no such file: its flags stay
     kcm = controller_manager_argv(binaries, options, certs, kubeconfig, 1)
     assert "--kube-api-qps=1000" in kcm and f"--kubeconfig={kubeconfig}" in kcm
