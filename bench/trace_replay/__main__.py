@@ -3,6 +3,8 @@ through a real kube-scheduler with the driver's slices; prints the allocation ra
 100 % and 130 % of the GPU capacity requested. See docs/trace-replay.md.
 
     python -m bench.trace_replay --mode consumable --seed 42 --subset 10 -o json
+    python -m bench.trace_replay --mode consumable --subset 10 \
+        --scheduler-config deploy/scheduler/gpu-packing.yaml --scheduler-name gpu-packing
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from pathlib import Path
 from bench.fleet.run import CLIENT_BURST, CLIENT_QPS
 from bench.trace_replay.replaying import ReplaySettings, replay
 from dra_driver.devcluster import BinariesError, Cluster, ClusterOptions, find_binaries
+from dra_driver.devcluster.schedconfig import DEFAULT_SCHEDULER, read_scheduler_config
 from dra_driver.workload.drawing import scale_nodes
 from dra_driver.workload.modes import MODES, mode_of
 from dra_driver.workload.trace import (
@@ -54,6 +57,18 @@ def parser() -> argparse.ArgumentParser:
         "--scale", type=float, default=1.0, help="share of the nodes, stratified (default 1)"
     )
     scale.add_argument("--subset", type=int, help="K: a stratified 1/K of the nodes (--scale 1/K)")
+    p.add_argument(
+        "--scheduler-config",
+        type=Path,
+        help="kube-scheduler --config file (KubeSchedulerConfiguration v1; e.g. "
+        "deploy/scheduler/gpu-packing.yaml); default: kube-scheduler's defaults",
+    )
+    p.add_argument(
+        "--scheduler-name",
+        default=DEFAULT_SCHEDULER,
+        help="the profile the pods select (spec.schedulerName); one of the config's "
+        f"profiles (default {DEFAULT_SCHEDULER})",
+    )
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per batch at most")
     p.add_argument("-o", "--output", choices=("text", "json"), default="text")
     return p
@@ -72,12 +87,27 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError(f"--subset {args.subset}: want K >= 1")
         nodes = scale_nodes(read_nodes(nodes_file), scale)
         pods = read_pods(pods_file)
+        sched = read_scheduler_config(args.scheduler_config) if args.scheduler_config else None
+        profiles = sched.profile_names if sched else (DEFAULT_SCHEDULER,)
+        if args.scheduler_name not in profiles:
+            raise ValueError(
+                f"--scheduler-name {args.scheduler_name}: not a profile of the scheduler's "
+                f"configuration (it has {', '.join(profiles)})"
+            )
         binaries = find_binaries()
     except (ValueError, OSError, BinariesError) as exc:  # TraceError is a ValueError
         print(f"bench.trace_replay: {exc}", file=sys.stderr)
         return 2
-    settings = ReplaySettings(mode=mode, seed=args.seed, scale=scale, timeout_s=args.timeout)
-    options = ClusterOptions(client_qps=CLIENT_QPS, client_burst=CLIENT_BURST)
+    settings = ReplaySettings(
+        mode=mode,
+        seed=args.seed,
+        scale=scale,
+        timeout_s=args.timeout,
+        scheduler_name=args.scheduler_name,
+    )
+    options = ClusterOptions(
+        client_qps=CLIENT_QPS, client_burst=CLIENT_BURST, scheduler_config=sched
+    )
     with (
         tempfile.TemporaryDirectory(prefix="dra-trace-") as work,
         Cluster(binaries, Path(work), options) as cluster,

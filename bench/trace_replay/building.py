@@ -25,6 +25,9 @@ POD_CAPACITY = "1000"
 """Pods per node: far above what a node's CPU admits, so only CPU, memory and GPUs
 limit placement, as in the paper's simulator."""
 MODEL_LABEL = "trace-replay.dra.example/gpu-model"
+COUNT_LABEL = "nvidia.com/gpu.count"
+"""GPUs on the node, under the name GPU feature discovery labels nodes with, so that a
+scheduler profile's node affinity can tell small GPU nodes from large ones."""
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +61,7 @@ def build(
     published = publish_shapes(nodes, mode, pods, workdir)
 
     def make(node: TraceNode) -> None:
-        labels = {MODEL_LABEL: node.model} if node.model else {}
+        labels = {MODEL_LABEL: node.model, COUNT_LABEL: str(node.gpus)} if node.model else {}
         cluster.create_node(node.name, labels=labels, capacity=_node_object_capacity(node))
 
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="trace-nodes") as ex:

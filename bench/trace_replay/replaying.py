@@ -29,6 +29,7 @@ from bench.fleet.run import deviceclasses
 from bench.trace_replay.building import Fleet, build
 from bench.trace_replay.measuring import RESOURCE, Snapshot, fragmented_pct, rates
 from dra_driver.devcluster import Cluster
+from dra_driver.devcluster.schedconfig import DEFAULT_SCHEDULER
 from dra_driver.workload.claims import Claims, claim_object, pod_object, template_object
 from dra_driver.workload.drawing import TARGETS, Draw, draw_pods, gpu_capacity_milli
 from dra_driver.workload.modes import Mode, product_names
@@ -88,6 +89,8 @@ class ReplaySettings:
     """Seconds without a new binding before a batch counts as done."""
     workers: int = 4
     """Threads creating pods (more reorder the queue more)."""
+    scheduler_name: str = DEFAULT_SCHEDULER
+    """The scheduler profile the pods select (``spec.schedulerName``)."""
 
 
 @dataclass
@@ -132,7 +135,10 @@ def replay(
     objs = []
     for i, pod in enumerate(draw.pods):
         claim = claims.claim_for(pod) if pod.num_gpu else None
-        objs.append(pod_object(f"p{i:05d}", NAMESPACE, pod, claim))
+        obj = pod_object(f"p{i:05d}", NAMESPACE, pod, claim)
+        if settings.scheduler_name != DEFAULT_SCHEDULER:
+            obj["spec"]["schedulerName"] = settings.scheduler_name
+        objs.append(obj)
     cluster.create_namespace(NAMESPACE)
     for name, spec in claims.templates.items():
         path = f"{RESOURCE}/namespaces/{NAMESPACE}/resourceclaimtemplates"
@@ -170,6 +176,8 @@ def replay(
         "pods_per_s": round(len(objs) / replay_s, 1) if replay_s > 0 else None,
         "load_average": [round(x, 2) for x in os.getloadavg()],
         "client_qps": cluster.options.client_qps,
+        "scheduler_config": sched.source if (sched := cluster.options.scheduler_config) else None,
+        "scheduler_name": settings.scheduler_name,
     })  # fmt: skip
     return Replay(summary, fleet, draw, claims, snapshots)
 

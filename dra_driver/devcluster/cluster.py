@@ -31,6 +31,7 @@ from dra_driver.devcluster.controlplane import (
     controller_manager_argv,
     etcd_argv,
     scheduler_argv,
+    write_scheduler_config,
 )
 from dra_driver.devcluster.kubeconfig import write_kubeconfig
 from dra_driver.devcluster.processes import Component, ComponentError, free_loopback_ports, http_ok
@@ -152,8 +153,11 @@ class Cluster:
 
         scheduler = self._component(
             "kube-scheduler",
-            scheduler_argv(self.binaries, self.options, certs, self.kubeconfig, sched_port),
-        )
+            scheduler_argv(
+                self.binaries, self.options, certs, self.kubeconfig, sched_port,
+                write_scheduler_config(self.options, self.workdir, self.kubeconfig),
+            ),
+        )  # fmt: skip
         kcm = self._component(
             "kube-controller-manager",
             controller_manager_argv(self.binaries, self.options, certs, self.kubeconfig, kcm_port),

@@ -1,5 +1,6 @@
 """The control plane's command lines: what etcd, kube-apiserver, kube-scheduler and
-kube-controller-manager run with, and why each unusual flag is there. Pure functions;
+kube-controller-manager run with, and why each unusual flag is there. Pure functions
+but for writing the scheduler's configuration file;
 :class:`~dra_driver.devcluster.cluster.Cluster` starts the processes."""
 
 from __future__ import annotations
@@ -8,8 +9,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import yaml
+
 from dra_driver.devcluster.binaries import Binaries
 from dra_driver.devcluster.certs import ClusterCerts
+from dra_driver.devcluster.schedconfig import SchedulerConfig
 
 DRA_CONTROLLERS: tuple[str, ...] = (
     "resourceclaim-controller",
@@ -50,11 +54,19 @@ class ClusterOptions:
     """Serve ``/debug/pprof`` on every component (heap profiles of a fleet run: what the
     control plane holds per node); the scheduler's and controller manager's without
     authentication, as their health endpoints are. Off by default, as upstream advises."""
+    scheduler_config: SchedulerConfig | None = None
+    """kube-scheduler's ``--config`` (profiles, score weights); None runs its defaults.
+    The cluster writes :meth:`SchedulerConfig.effective`: the client settings above go
+    into the file, since kube-scheduler ignores their flags with ``--config``."""
 
-    def profiling_args(self, *, delegated: bool) -> list[str]:
+    def profiling_args(self, *, delegated: bool, allow: Sequence[str] = ()) -> list[str]:
+        """``--profiling``, and for the delegated-auth components the paths served without
+        authorization: pprof when profiling, plus ``allow``."""
         args = [f"--profiling={str(self.profiling).lower()}"]
-        if self.profiling and delegated:
-            args.append("--authorization-always-allow-paths=/healthz,/readyz,/livez,/debug/pprof/*")
+        paths = [*(["/debug/pprof/*"] if self.profiling else []), *allow]
+        if paths and delegated:
+            always = ",".join(["/healthz", "/readyz", "/livez", *paths])
+            args.append(f"--authorization-always-allow-paths={always}")
         return args
 
     def client_args(self) -> list[str]:
@@ -131,28 +143,59 @@ def apiserver_argv(
     ]
 
 
-def _serving(options: ClusterOptions, certs: ClusterCerts, kubeconfig: Path) -> list[str]:
+def _serving(
+    options: ClusterOptions, certs: ClusterCerts, kubeconfig: Path, config: Path | None = None
+) -> list[str]:
+    # With --config, kube-scheduler ignores --kubeconfig, the client and the profiling
+    # flags: the file carries them (SchedulerConfig.effective). Its /configz is then
+    # served as /healthz is, so that a run can show the configuration in force.
+    client = (
+        [f"--config={config}"]
+        if config is not None
+        else [f"--kubeconfig={kubeconfig}", *options.client_args()]
+    )
+    allow = ("/configz",) if config is not None else ()
     return [
         "--bind-address=127.0.0.1",
         f"--tls-cert-file={certs.serving_cert}",
         f"--tls-private-key-file={certs.serving_key}",
-        f"--kubeconfig={kubeconfig}",
+        *client,
         "--leader-elect=false",
         f"--v={options.verbosity}",
         *options.gate_args(),
-        *options.client_args(),
-        *options.profiling_args(delegated=True),
+        *options.profiling_args(delegated=True, allow=allow),
     ]
 
 
 def scheduler_argv(
-    binaries: Binaries, options: ClusterOptions, certs: ClusterCerts, kubeconfig: Path, port: int
+    binaries: Binaries,
+    options: ClusterOptions,
+    certs: ClusterCerts,
+    kubeconfig: Path,
+    port: int,
+    config: Path | None = None,
 ) -> list[str]:
+    """``config``: the written :meth:`SchedulerConfig.effective` of
+    ``options.scheduler_config``, when there is one."""
     return [
         str(binaries.kube_scheduler),
         f"--secure-port={port}",
-        *_serving(options, certs, kubeconfig),
+        *_serving(options, certs, kubeconfig, config),
     ]
+
+
+def write_scheduler_config(options: ClusterOptions, workdir: Path, kubeconfig: Path) -> Path | None:
+    """Write ``options.scheduler_config`` with the cluster's client settings for
+    ``--config`` (owner-only: it names the admin kubeconfig); None without one."""
+    if options.scheduler_config is None:
+        return None
+    path = workdir / "kube-scheduler-config.yaml"
+    doc = options.scheduler_config.effective(
+        kubeconfig, qps=options.client_qps, burst=options.client_burst, profiling=options.profiling
+    )
+    path.write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
+    path.chmod(0o600)
+    return path
 
 
 def controller_manager_argv(
