@@ -116,6 +116,16 @@ def _flag(option: str) -> str:
     return f"--{option} ({env_name(option)})"
 
 
+def check_node_name(node: str) -> None:
+    """Refuse a ``--node-name`` that is no Kubernetes node name: it becomes a pool name,
+    a label value and a path in requests, so both kubelet plugins check it the same way."""
+    if len(node) > 253 or not _SUBDOMAIN.match(node):
+        raise SettingsError(
+            f"{_flag('node-name')} is {node!r}: expected a Kubernetes node name "
+            "(lower-case DNS subdomain, at most 253 characters)"
+        )
+
+
 def _interval(option: str, value: float, low: float, high: float, *, off: bool = False) -> float:
     if off and value == 0:
         return 0.0
@@ -186,11 +196,7 @@ def daemon_settings(args: argparse.Namespace) -> DaemonSettings:
             f"{_flag('driver-name')} is {driver!r}: expected a DNS subdomain of at most 63 "
             "characters with at least one dot, e.g. gpu.nvidia.com"
         )
-    if len(node) > 253 or not _SUBDOMAIN.match(node):
-        raise SettingsError(
-            f"{_flag('node-name')} is {node!r}: expected a Kubernetes node name "
-            "(lower-case DNS subdomain, at most 253 characters)"
-        )
+    check_node_name(node)
     uid = args.rolling_update_uid
     if uid is not None and (len(uid) > 63 or not _UID.match(uid)):
         raise SettingsError(

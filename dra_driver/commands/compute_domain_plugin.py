@@ -16,10 +16,9 @@ from pathlib import Path
 
 from dra_driver.commands.discover import add_host_arguments
 from dra_driver.computedomain.names import DRIVER_NAME
-from dra_driver.settings import SettingsError, host_settings
+from dra_driver.settings import SettingsError, check_node_name, host_settings
 
 logger = logging.getLogger(__name__)
-_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -109,8 +108,7 @@ def run(args: argparse.Namespace) -> int:
     from dra_driver.plugin.settings import PluginSettings
 
     node = args.node_name
-    if len(node) > 253 or not _SUBDOMAIN.match(node):
-        raise SettingsError(f"--node-name is {node!r}: expected a Kubernetes node name")
+    check_node_name(node)
     if len(args.namespace) > 63 or not re.match(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", args.namespace):
         raise SettingsError(f"--namespace is {args.namespace!r}: expected a namespace name")
     if not 0 <= args.ready_wait <= 30:

@@ -153,3 +153,18 @@ def test_daemon_refuses_identity_that_would_reach_a_path_or_label(
     assert (
         "--pod-name / $POD_NAME is '../x': not a valid Kubernetes name" in capsys.readouterr().err
     )
+
+
+@pytest.mark.parametrize("node", ["Node_1", "-n1", "n" * 254])
+def test_the_plugin_refuses_a_node_name_kubernetes_would_refuse(node: str) -> None:
+    """The same check and message as the GPU plugin's, before anything touches the host."""
+    from dra_driver.cli import build_parser
+    from dra_driver.commands.compute_domain_plugin import run
+    from dra_driver.settings import SettingsError
+
+    args = build_parser(environ={}).parse_args(
+        ["compute-domain-plugin", f"--node-name={node}", "--namespace=dra-driver"]
+    )
+    with pytest.raises(SettingsError, match=r"--node-name \(DRA_NODE_NAME\) is .*expected a "
+                       r"Kubernetes node name \(lower-case DNS subdomain"):  # fmt: skip
+        run(args)
