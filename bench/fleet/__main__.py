@@ -50,6 +50,14 @@ def parser() -> argparse.ArgumentParser:
         "the timed pods (default 0)",
     )
     p.add_argument(
+        "--fill-mode",
+        choices=("allocated", "scheduled"),
+        default="allocated",
+        help="allocated: the bench writes each fill claim's allocation (first fit, "
+        "node by node, no pods); scheduled: fill pods go through kube-scheduler one by "
+        "one (default %(default)s)",
+    )
+    p.add_argument(
         "--shape",
         choices=("driver", "minimal"),
         default="driver",
@@ -109,6 +117,7 @@ def main(argv: list[str] | None = None) -> int:
         claim=args.claim,
         precreated=args.precreated,
         fill=args.fill,
+        fill_mode=args.fill_mode,
         flags=DriverFlags(
             args.mig_mode, args.consumable_gpus, args.mps_slots, args.dynamic_mig_attributes
         ),

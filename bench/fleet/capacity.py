@@ -20,7 +20,7 @@ from typing import Any
 from bench.fleet.pools import DRIVER
 from dra_driver.allocation.inputs import build
 from dra_driver.allocation.inventory import Inventory
-from dra_driver.allocation.model import parse_claim_spec
+from dra_driver.allocation.model import AllocatedDevice, parse_claim_spec
 from dra_driver.allocation.simulation import Simulation, Workload
 from dra_driver.allocation.state import AllocatedState
 from dra_driver.cel import SelectorEvaluator, load_engine
@@ -43,19 +43,31 @@ def node_slices(pool: Pool, node: str = NODE) -> list[dict[str, Any]]:
     ]  # fmt: skip
 
 
-def node_capacity(pool: Pool, spec: dict[str, Any], classes: Sequence[dict[str, Any]]) -> int:
-    """Claims with ``spec`` that one node publishing ``pool`` holds at once (at most
-    :data:`LIMIT`); raises ValueError with the allocator's reason when none fits."""
+def node_allocations(
+    pool: Pool, spec: dict[str, Any], classes: Sequence[dict[str, Any]]
+) -> list[list[AllocatedDevice]]:
+    """The allocations of claims with ``spec`` that one node publishing ``pool`` holds at
+    once, in the order the allocator made them (at most :data:`LIMIT`); raises
+    ValueError with the allocator's reason when none fits. Every prefix is itself a
+    state the scheduler could have reached, which ``--fill`` relies on."""
     inputs = build([*node_slices(pool), *classes])
     inventory = Inventory(
         inputs.slices, inputs.classes, inputs.implied_nodes(), SelectorEvaluator(load_engine())
     )
     simulation = Simulation(inventory, AllocatedState())
-    for held in range(LIMIT):
-        claim = parse_claim_spec("fleet", f"capacity-{held}", spec)
+    held: list[list[AllocatedDevice]] = []
+    while len(held) < LIMIT:
+        claim = parse_claim_spec("fleet", f"capacity-{len(held)}", spec)
         outcome = simulation.allocate(Workload([claim]))[0]
         if not outcome.allocated:
-            if held == 0:
+            if not held:
                 raise ValueError(outcome.reason)
-            return held
-    return LIMIT
+            break
+        held.append(list(claim.allocated or ()))
+    return held
+
+
+def node_capacity(pool: Pool, spec: dict[str, Any], classes: Sequence[dict[str, Any]]) -> int:
+    """Claims with ``spec`` that one node publishing ``pool`` holds at once (at most
+    :data:`LIMIT`); raises ValueError with the allocator's reason when none fits."""
+    return len(node_allocations(pool, spec, classes))

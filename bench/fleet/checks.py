@@ -99,10 +99,15 @@ def allocation_problems(cluster: Cluster, run: FleetRun) -> list[str]:
             )
             if why:
                 problems.append(f"{name}: {r['device']} for request {r['request']} {why}")
-            used[(r["pool"], r["device"])] += 1
         if not run.shape.allows(results, devs):
             got = ", ".join(r["device"] for r in results)
             problems.append(f"{name}: {got} on {node} does not satisfy {run.shape.name}")
+    # Every allocated claim, with or without a pod: ``--fill-mode allocated`` claims
+    # have none, and a timed pod must not get a device one of them holds.
+    for claim in claims.values():
+        allocation = (claim.get("status") or {}).get("allocation") or {}
+        for r in (allocation.get("devices") or {}).get("results") or ():
+            used[(r["pool"], r["device"])] += 1
     shared = {n for n, d in by_name.items() if d.get("allowMultipleAllocations")}
     problems += [
         f"{pool}/{dev} allocated {n} times"

@@ -1,5 +1,5 @@
 """One fleet run on a started :class:`~dra_driver.devcluster.Cluster`: nodes, slices,
-claims, ``--fill`` pods, then the timed pods. :func:`run_fleet` is what
+claims, the ``--fill``, then the timed pods. :func:`run_fleet` is what
 ``python -m bench.fleet`` and ``tests/cluster/test_fleet.py`` both call."""
 
 from __future__ import annotations
@@ -17,8 +17,9 @@ from typing import Any, Literal
 
 import yaml
 
-from bench.fleet.capacity import node_capacity
+from bench.fleet.capacity import node_allocations
 from bench.fleet.claims import Shape, shape
+from bench.fleet.fill import FillMode, fill_allocated
 from bench.fleet.measure import BindWatch, footprint, latencies
 from bench.fleet.minimal import minimal_classes, minimal_pool
 from bench.fleet.pools import DRIVER, DriverFlags, api_devices, node_pool, publish
@@ -52,6 +53,8 @@ class FleetSettings:
     """Claims made before the timed pods (else the pods' ResourceClaimTemplate)."""
     fill: float = 0.0
     """Fraction of the fleet's capacity for this claim shape allocated before timing."""
+    fill_mode: FillMode = "allocated"
+    """How the fill is made (:mod:`bench.fleet.fill`)."""
     flags: DriverFlags = field(default_factory=DriverFlags)
     shape: PoolShape = "driver"
     """``minimal``: publish :func:`~bench.fleet.minimal.minimal_pool` instead (docs/scale.md)."""
@@ -186,7 +189,7 @@ def run_fleet(cluster: Cluster, settings: FleetSettings) -> FleetRun:
     claim_shape = shape(settings.claim, devices)
     pool, spec, classes = published(settings, driver_pool, claim_shape)
     try:
-        per_node = node_capacity(pool, spec, classes)
+        held = node_allocations(pool, spec, classes)
     except ValueError as err:
         raise ValueError(
             f"no device of a {settings.profile} node ({len(devices)} published with these "
@@ -217,15 +220,21 @@ def run_fleet(cluster: Cluster, settings: FleetSettings) -> FleetRun:
             {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
              "metadata": {"name": TEMPLATE, "namespace": NAMESPACE}, "spec": {"spec": spec}},
         )  # fmt: skip
-    capacity = per_node * settings.nodes
+    capacity = len(held) * settings.nodes
     fill = [f"fill-{i:05d}" for i in range(int(settings.fill * capacity))]
     timed = [f"pod-{i:05d}" for i in range(settings.pods)]
     watch = BindWatch(cluster, NAMESPACE)
     watch.start()
     try:
         t0 = time.monotonic()
-        _create_pods(cluster, fill, settings, spec)
-        if not watch.wait(fill, settings.timeout_s):
+        if settings.fill_mode == "allocated":
+            fill_allocated(
+                cluster, NAMESPACE, fill, names, held, spec,
+                lambda fn, items: _in_parallel(fn, items, 2 * settings.workers),
+            )  # fmt: skip
+        else:
+            _create_pods(cluster, fill, settings, spec)
+        if settings.fill_mode == "scheduled" and not watch.wait(fill, settings.timeout_s):
             raise RuntimeError(
                 f"--fill: {len(fill) - len(watch.bound)} of {len(fill)} pods not bound "
                 f"within {settings.timeout_s:.0f} s"
@@ -255,6 +264,7 @@ def run_fleet(cluster: Cluster, settings: FleetSettings) -> FleetRun:
         "claims": "pre-created" if settings.precreated else "ResourceClaimTemplate",
         "capacity_claims": capacity,
         "fill_pods": len(fill),
+        "fill_mode": settings.fill_mode,
         "fill_s": round(fill_s, 2),
         "setup_s": round(setup_s, 2),
         "publish_s": round(publish_s, 2),

@@ -87,6 +87,25 @@ def test_minimal_shape_binds_a_full_fleet_of_shared_counter_placements(
     assert summary["slice_bytes_per_node"] < 100_000  # the driver's: about 240 kB
 
 
+@pytest.mark.cluster
+@pytest.mark.parametrize("mode", ["allocated", "scheduled"])
+def test_fill_leaves_exactly_the_rest_of_the_capacity_to_the_timed_pods(
+    capsys: pytest.CaptureFixture[str], mode: str
+) -> None:
+    """Consumable shares, 3 nodes of 32 shares each, 86 filled: of 12 timed pods exactly
+    the 10 shares left bind. With ``allocated`` the fill is claims whose allocation the
+    bench wrote (no pods); the scheduler honours their devices and consumed capacity
+    as its own, and ``--check`` finds no device over-shared between fill and timed."""
+    argv = ["--nodes", "3", "--pods", "12", "--claim", "share:10Gi,25", "--consumable-gpus",
+            "all", "--fill", "0.9", "--fill-mode", mode, "--check", "--timeout", "20",
+            "-o", "json"]  # fmt: skip
+    rc = main(argv)
+    summary = json.loads(capsys.readouterr().out)
+    assert (rc, summary["problems"]) == (0, [])
+    assert (summary["capacity_claims"], summary["fill_pods"], summary["bound"]) == (96, 86, 10)
+    assert summary["fill_mode"] == mode
+
+
 def test_shapes_select_what_users_write_and_count_node_capacity() -> None:
     h100_pool = node_pool("dgx-h100", DriverFlags())
     h100 = api_devices(h100_pool)
