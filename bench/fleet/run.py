@@ -195,6 +195,14 @@ def run_fleet(cluster: Cluster, settings: FleetSettings) -> FleetRun:
             f"no device of a {settings.profile} node ({len(devices)} published with these "
             f"flags) can satisfy --claim {settings.claim}; pods would never bind ({err})"
         ) from err
+    capacity = len(held) * settings.nodes
+    fill = [f"fill-{i:05d}" for i in range(int(settings.fill * capacity))]
+    if settings.fill and settings.pods > capacity - len(fill):
+        raise ValueError(
+            f"--pods {settings.pods} exceeds the {capacity - len(fill)} claims left after "
+            f"--fill {settings.fill} ({len(fill)} of the fleet's {capacity}); the rest "
+            "could never bind"
+        )
     cluster.apply(classes)
     names = [f"fleet-{i:04d}" for i in range(settings.nodes)]
     _in_parallel(_node_maker(cluster), names, settings.workers)
@@ -220,8 +228,6 @@ def run_fleet(cluster: Cluster, settings: FleetSettings) -> FleetRun:
             {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
              "metadata": {"name": TEMPLATE, "namespace": NAMESPACE}, "spec": {"spec": spec}},
         )  # fmt: skip
-    capacity = len(held) * settings.nodes
-    fill = [f"fill-{i:05d}" for i in range(int(settings.fill * capacity))]
     timed = [f"pod-{i:05d}" for i in range(settings.pods)]
     watch = BindWatch(cluster, NAMESPACE)
     watch.start()

@@ -106,6 +106,17 @@ def test_fill_leaves_exactly_the_rest_of_the_capacity_to_the_timed_pods(
     assert summary["fill_mode"] == mode
 
 
+@pytest.mark.cluster
+def test_more_timed_pods_than_the_fill_leaves_are_refused_before_any_node(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Else the run would wait ``--timeout`` for pods that can never bind."""
+    rc = main(["--nodes", "2", "--pods", "3", "--fill", "0.9", "-o", "json"])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert "--pods 3 exceeds the 2 claims left after --fill 0.9 (14 of the fleet's 16)" in err
+
+
 def test_shapes_select_what_users_write_and_count_node_capacity() -> None:
     h100_pool = node_pool("dgx-h100", DriverFlags())
     h100 = api_devices(h100_pool)
