@@ -17,6 +17,7 @@ LISTS = {
     "DeviceClass": f"{RESOURCE}/deviceclasses",
     "ResourceClaim": f"{RESOURCE}/resourceclaims",
     "Node": "/api/v1/nodes",
+    "Pod": "/api/v1/pods",
 }
 
 

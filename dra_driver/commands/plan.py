@@ -33,6 +33,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="whole,consumable,slots,time-slicing,mig",
         help="comma-separated modes (default all: whole, consumable, slots, time-slicing, mig)",
     )
+    live = parser.add_argument_group(
+        "--from-cluster", "plan for what a live cluster runs (docs/trace-replay.md)"
+    )
+    live.add_argument(
+        "--from-cluster",
+        action="store_true",
+        help="nodes, pods and claims of a live cluster (kubeconfig) instead of trace files",
+    )
+    live.add_argument("--kubeconfig", help="kubeconfig file (default: as kubectl finds it)")
+    live.add_argument("--context", help="kubeconfig context")
+    usage = live.add_mutually_exclusive_group()
+    usage.add_argument("--prometheus", metavar="URL", help="usage metrics from Prometheus")
+    usage.add_argument(
+        "--scrape", metavar="URL", action="append", help="a plugin's /metrics URL (repeatable)"
+    )
+    usage.add_argument("--recorded", metavar="FILE", type=Path, help="`report --record` window")
+    live.add_argument("--window", type=float, default=3600, help="seconds back (--prometheus)")
+    live.add_argument("--duration", type=float, default=60, help="seconds to sample (--scrape)")
+    live.add_argument(
+        "--headroom", type=float, default=1.2, help="usage peak x this is what a pod needs"
+    )
     parser.add_argument("--seed", type=int, default=42, help="seed of the pod draw (default 42)")
     parser.add_argument(
         "--scale",
@@ -92,6 +113,7 @@ def _table(rows: list[dict[str, Any]]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from dra_driver.allocation.model import ModelError
+    from dra_driver.commands.planlive import LiveError, from_cluster
     from dra_driver.workload.drawing import scale_nodes
     from dra_driver.workload.modes import mode_of
     from dra_driver.workload.plans import PlanSettings, plan_mode
@@ -106,13 +128,22 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError("--modes: name at least one mode")
         if not 0 < args.precision < 1:
             raise ValueError(f"--precision {args.precision}: want 0 < precision < 1")
-        nodes_file, pods_file = trace_files(
-            args.trace_dir, args.nodes, args.pods, os.environ.get(TRACE_DIR_ENV)
-        )
-        nodes = scale_nodes(read_nodes(nodes_file), args.scale)
-        pods = read_pods(pods_file)
+        listed = None
+        source: dict[str, Any] = {}
+        if args.from_cluster:
+            workload = from_cluster(args)
+            nodes, pods, listed = workload.nodes, workload.pods, workload.pods
+            source = {"nodes": len(nodes), "gpus": sum(n.gpus for n in nodes),
+                      "pods": len(pods), "claims": workload.claims,
+                      "rightsized": workload.rightsized, "notes": workload.notes}  # fmt: skip
+        else:
+            nodes_file, pods_file = trace_files(
+                args.trace_dir, args.nodes, args.pods, os.environ.get(TRACE_DIR_ENV)
+            )
+            nodes = scale_nodes(read_nodes(nodes_file), args.scale)
+            pods = read_pods(pods_file)
         classes = _classes(args.deviceclasses)
-    except (ValueError, OSError, ModelError) as exc:  # TraceError is a ValueError
+    except (ValueError, OSError, ModelError, LiveError) as exc:  # TraceError: ValueError
         print(f"dra-driver plan: {exc}", file=sys.stderr)
         return 2
     settings = PlanSettings(seed=args.seed, scale=args.scale, step=args.precision)
@@ -120,7 +151,8 @@ def run(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="dra-plan-") as work:
         for mode in modes:
             try:
-                rows.append(plan_mode(mode, nodes, pods, classes, settings, Path(work)))
+                row = plan_mode(mode, nodes, pods, classes, settings, Path(work), listed=listed)
+                rows.append({**row, "source": source} if source else row)
             except ValueError as exc:
                 print(f"dra-driver plan: mode {mode}: {exc}", file=sys.stderr)
                 return 2

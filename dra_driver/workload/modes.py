@@ -16,7 +16,8 @@ Trace models map to emulator boards in ``models.yaml`` (:data:`MODELS`). ``G1``-
 are undisclosed internal boards: they get a stand-in, the figures of :data:`STAND_IN`
 (A100 80GB PCIe) without MIG, under their own product name (``Alibaba G2 (stand-in)``),
 so ``gpu_spec`` can still tell them apart. Every share is a fraction of its GPU, so the
-stand-in's figures cannot change an allocation rate.
+stand-in's figures cannot change an allocation rate. A live cluster's nodes
+(``plan --from-cluster``) carry a board's own name as their model.
 """
 
 from __future__ import annotations
@@ -73,10 +74,13 @@ def _models_yaml() -> dict[str, Any]:
 
 def board_of(code: str, mode: Mode) -> str:
     """The emulator board a node of trace model ``code`` has in ``mode``."""
-    if code not in MODELS and code not in STAND_INS:
-        known = sorted([*MODELS, *STAND_INS])
+    boards = _models_yaml()
+    if code not in MODELS and code not in STAND_INS and code not in boards:
+        known = sorted([*MODELS, *STAND_INS, *boards])
         raise ValueError(f"GPU model {code!r} of the node list is unknown; known: {known}")
     if mode == "mig":
+        if code in boards and boards[code].get("migProfiles"):
+            return code  # a live cluster's MIG-capable board stays itself
         return MIG_STAND_IN_BOARD if code in STAND_INS else MIG_BOARD
     return MODELS.get(code, code)
 

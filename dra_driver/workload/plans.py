@@ -53,9 +53,11 @@ def plan_mode(
     settings: PlanSettings,
     workdir: Path,
     evaluator: Callable[[], SelectorEvaluator] = SelectorEvaluator,
+    listed: Sequence[TracePod] | None = None,
 ) -> dict[str, Any]:
     """One mode's row: ``mode``, ``gpus_needed``, ``allocation_rate_100``/``_130``,
-    ``settings`` and what it took (``nodes`` already scaled)."""
+    ``settings`` and what it took (``nodes`` already scaled). ``listed``: the pods GPUs
+    needed are counted for (a live cluster's, as they are); default the draw to 100 %."""
     began = time.monotonic()
     capacity = gpu_capacity_milli(nodes)
     draw = draw_pods(pods, capacity, settings.seed)
@@ -65,8 +67,12 @@ def plan_mode(
     rate_100 = _pct(first.placed_milli, capacity)
     rest = packer.run(draw.pods[draw.reached[0] :])
     rate_130 = _pct(first.placed_milli + rest.placed_milli, capacity)
-    listed = draw.pods[: draw.reached[0]]
-    needed, tried = _gpus_needed(listed, nodes, published, classes, settings, evaluator, first)
+    base = first
+    if listed is None:
+        listed = draw.pods[: draw.reached[0]]
+    else:
+        base = Packer(nodes, published, classes, evaluator(), seed=settings.seed).run(listed)
+    needed, tried = _gpus_needed(listed, nodes, published, classes, settings, evaluator, base)
     unschedulable = dict(first.unschedulable)
     for kind, n in rest.unschedulable.items():
         unschedulable[kind] = unschedulable.get(kind, 0) + n
