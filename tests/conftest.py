@@ -21,6 +21,7 @@ import pytest
 from dra_driver.devcluster import BinariesError, Cluster, ComponentError, find_binaries
 from dra_driver.devcluster.binaries import NodeBinaries, find_node_binaries
 from dra_driver.devcluster.node import RealNode, RealNodeOptions
+from dra_driver.devcluster.nodenet import POD_SUBNET
 
 REAL_NODE_TAINT = "dra-driver.test/dedicated={name}:NoSchedule"
 """The real node takes only pods that tolerate it (``pin_to_node``), so pods of
@@ -83,10 +84,13 @@ def node_binaries() -> NodeBinaries:
         pytest.fail(f"real-node components unavailable: {err}", pytrace=False)
 
 
-def start_real_node(cluster: Cluster, binaries: NodeBinaries, prefix: str = "rn") -> RealNode:
+def start_real_node(
+    cluster: Cluster, binaries: NodeBinaries, prefix: str = "rn", pod_subnet: str = POD_SUBNET
+) -> RealNode:
     """A real node on ``cluster`` in a short /tmp dir (unix socket paths stay < 108 bytes)."""
     workdir = Path(tempfile.mkdtemp(prefix=f"{prefix}-", dir="/tmp"))
-    node = RealNode(cluster, binaries, workdir, RealNodeOptions(taints=[REAL_NODE_TAINT]))
+    options = RealNodeOptions(taints=[REAL_NODE_TAINT], pod_subnet=pod_subnet)
+    node = RealNode(cluster, binaries, workdir, options)
     try:
         node.start()
     except (ComponentError, TimeoutError) as err:

@@ -23,17 +23,19 @@ class RealGpuNodePod(RealGpuNode):
     """The chart's DaemonSet itself: its pod, from the locally built image, run by
     the node's kubelet (hostPath mounts, probes, rolling update and all).
 
-    A release of its own (``dra-<run>``: namespace, ServiceAccount, RBAC, admission
-    policy; DeviceClasses are cluster-wide and left to the shared install), pinned
-    to this node. The plugin reaches the API server in-cluster, at the
+    A release of its own (``dra-<run>``: ServiceAccount, RBAC, admission policy;
+    DeviceClasses are cluster-wide and left to the shared install), pinned to this
+    node, in a namespace of its own or in ``namespace``: nodes that must find each
+    other's pods (a ComputeDomain's daemons) share one, as a cluster's nodes share
+    the driver's. The plugin reaches the API server in-cluster, at the
     ``kubernetes`` Service address, with its projected, pod-bound token.
     """
 
-    def __init__(self, *, image: str, **kwargs: Any) -> None:
+    def __init__(self, *, image: str, namespace: str | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         repository, tag = image.rsplit(":", 1)
         self.release = f"dra-{self.node.run_id}"
-        self.namespace = self.release
+        self.namespace = namespace or self.release
         self.values.update(
             {
                 "image.repository": repository,

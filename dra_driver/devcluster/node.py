@@ -39,7 +39,13 @@ from dra_driver.devcluster.nodeconfig import (
     write_yaml,
 )
 from dra_driver.devcluster.nodelaunch import KUBELET_SYSCTLS
-from dra_driver.devcluster.nodenet import GATEWAY, SERVICE_IP, Forwarder, NodeNetwork, Route
+from dra_driver.devcluster.nodenet import (
+    POD_SUBNET,
+    SERVICE_IP,
+    Forwarder,
+    NodeNetwork,
+    Route,
+)
 from dra_driver.devcluster.processes import Component, ComponentError
 from dra_driver.devcluster.wait import wait_until
 
@@ -74,6 +80,9 @@ class RealNodeOptions:
     feature_gates: Mapping[str, bool] = field(default_factory=dict)
     taints: Sequence[str] = ()
     """``--register-with-taints`` entries (``key=value:Effect``); ``{name}`` is the node name."""
+    pod_subnet: str = POD_SUBNET
+    """The node's pod range (its first address is the node IP); nodes whose pods must
+    tell each other apart by IP need different ones."""
 
 
 class RealNode:
@@ -94,7 +103,7 @@ class RealNode:
         self.name = self.options.name or f"node-{self.run_id}"
         self.cgroup_root = f"dra-node-{self.run_id}"
         self.network_name = f"dra-{self.run_id}"
-        self.network = NodeNetwork(self.paths.logs)
+        self.network = NodeNetwork(self.paths.logs, self.options.pod_subnet)
         self._forwarder: Forwarder | None = None
         self._containerd: Component | None = None
         self._kubelet: Component | None = None
@@ -166,7 +175,7 @@ class RealNode:
             )
         )
         (p.etc / "cni" / "10-dra-node.conflist").write_text(
-            json.dumps(cni_config(p, self.network_name), indent=2)
+            json.dumps(cni_config(p, self.network_name, self.options.pod_subnet), indent=2)
         )
         write_yaml(
             p.etc / "kubelet.yaml",
@@ -243,7 +252,7 @@ class RealNode:
             # The kubelet refuses a loopback node IP; the bridge address is the
             # node's only other one (kubectl logs/exec would dial it and fail:
             # pod output is read from the CRI log files instead).
-            f"--node-ip={GATEWAY}",
+            f"--node-ip={self.network.gateway}",
             f"--v={self.options.verbosity}",
         ]
         if self.options.taints:

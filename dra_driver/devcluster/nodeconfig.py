@@ -145,8 +145,9 @@ imports = []  # no host-wide /etc/containerd/conf.d
 """
 
 
-def cni_config(paths: NodePaths, network: str) -> dict[str, Any]:
-    """Bridge + host-local: the only link kinds this kernel offers are veth and bridge."""
+def cni_config(paths: NodePaths, network: str, subnet: str = POD_SUBNET) -> dict[str, Any]:
+    """Bridge + host-local on ``subnet``: the only link kinds this kernel offers are veth
+    and bridge."""
     return {
         "cniVersion": "1.0.0",
         "name": network,
@@ -158,7 +159,7 @@ def cni_config(paths: NodePaths, network: str) -> dict[str, Any]:
                 "ipMasq": False,
                 "ipam": {
                     "type": "host-local",
-                    "ranges": [[{"subnet": POD_SUBNET}]],
+                    "ranges": [[{"subnet": subnet}]],
                     "routes": [{"dst": "0.0.0.0/0"}],
                     "dataDir": str(paths.workdir / "cni-ipam"),
                 },

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import ipaddress
 import logging
 import os
 import selectors
@@ -36,14 +37,35 @@ logger = logging.getLogger(__name__)
 CLONE_NEWNET = 0x40000000
 BRIDGE = "cni0"
 POD_SUBNET = "10.88.0.0/24"
-GATEWAY = "10.88.0.1"
-"""The bridge's address: the pods' gateway, and the node IP the kubelet reports."""
+"""Every node's pod range unless told otherwise: nodes live in separate namespaces, so
+equal ranges never collide on the wire, but pods of two nodes then share IPs, which a
+test of anything that lists peers by IP (ComputeDomain cliques) cannot tell apart."""
 SERVICE_IP = "10.0.0.1"
 """The ``kubernetes`` Service's ClusterIP (first address of the control plane's range)."""
 
 
 class NodeNetworkError(RuntimeError):
     """The namespace or a forwarder could not be set up; the message says which step."""
+
+
+def pod_subnet(cidr: str) -> ipaddress.IPv4Network:
+    """``cidr`` checked as a node's pod range: IPv4, /8 to /29, clear of the Service IP
+    (the node's loopback holds it)."""
+    try:
+        net = ipaddress.IPv4Network(cidr)
+    except ValueError as err:
+        raise NodeNetworkError(f"pod_subnet: {cidr!r} is not an IPv4 network: {err}") from None
+    if not 8 <= net.prefixlen <= 29:
+        raise NodeNetworkError(f"pod_subnet: {cidr} must be /8 to /29 (gateway plus pods)")
+    if ipaddress.IPv4Address(SERVICE_IP) in net:
+        raise NodeNetworkError(f"pod_subnet: {cidr} holds the Service IP {SERVICE_IP}")
+    return net
+
+
+def gateway(cidr: str) -> str:
+    """The range's first address: the bridge's, the pods' gateway, and the node IP the
+    kubelet reports."""
+    return str(next(pod_subnet(cidr).hosts()))
 
 
 def _setns(fd: int) -> None:
@@ -54,9 +76,12 @@ def _setns(fd: int) -> None:
 
 
 class NodeNetwork:
-    """An anonymous network namespace held open by a ``sleep`` process."""
+    """An anonymous network namespace held open by a ``sleep`` process; its pods' bridge
+    serves ``subnet``."""
 
-    def __init__(self, log_dir: Path) -> None:
+    def __init__(self, log_dir: Path, subnet: str = POD_SUBNET) -> None:
+        self.subnet = subnet
+        self.gateway = gateway(subnet)
         self._holder = Component(
             "netns-holder", ["unshare", "--net", "--", "sleep", "infinity"], log_dir
         )
@@ -112,7 +137,8 @@ class NodeNetwork:
         # The CNI bridge plugin adopts an existing bridge; made here so the kubelet
         # has a non-loopback node IP before the first pod exists.
         self.ip("link", "add", BRIDGE, "type", "bridge")
-        self.ip("addr", "add", f"{GATEWAY}/24", "dev", BRIDGE)
+        prefix = pod_subnet(self.subnet).prefixlen
+        self.ip("addr", "add", f"{self.gateway}/{prefix}", "dev", BRIDGE)
         self.ip("link", "set", BRIDGE, "up")
 
     def stop(self) -> None:

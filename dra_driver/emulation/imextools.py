@@ -200,8 +200,19 @@ def _run_daemon(record: Path, config: Path, nodes: Path, peers: list[dict[str, A
                              "peers": state["peers"]})  # fmt: skip
         time.sleep(0.02)
     _append(record, {"tool": IMEX, "pid": os.getpid(), "event": "terminated"})
-    state_file(config).unlink(missing_ok=True)
+    _remove_own_state(config)
     return 0
+
+
+def _remove_own_state(config: Path) -> None:
+    """The state file, unless a newer daemon on this config wrote it (a force-deleted
+    daemon pod's ``nvidia-imex`` can stop after its successor started)."""
+    try:
+        owner = json.loads(state_file(config).read_text()).get("pid")
+    except (OSError, ValueError):
+        return
+    if owner == os.getpid():
+        state_file(config).unlink(missing_ok=True)
 
 
 def _alive(pid: int) -> bool:

@@ -7,11 +7,13 @@ from ``nvidia-imex-ctl -q``."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -153,3 +155,90 @@ def test_config_names_the_nodes_file_and_runs_in_the_foreground(tmp_path: Path) 
 def _write(path: Path, text: str) -> Path:
     path.write_text(text)
     return path
+
+
+def test_catches_reads_whether_a_process_handles_the_signal(tmp_path: Path) -> None:
+    from dra_driver.computedomain.node.imexdaemon import catches
+
+    plain = subprocess.Popen(["sleep", "30"])
+    handler = ("import signal, sys, time; signal.signal(signal.SIGUSR1, lambda *_: None); "
+               "print('set', flush=True); time.sleep(30)")  # fmt: skip
+    handling = subprocess.Popen([sys.executable, "-c", handler], stdout=subprocess.PIPE)
+    try:
+        assert handling.stdout is not None and handling.stdout.readline() == b"set\n"
+        assert catches(handling.pid, signal.SIGUSR1)
+        assert not catches(handling.pid, signal.SIGUSR2)
+        assert not catches(plain.pid, signal.SIGUSR1)
+    finally:
+        for proc in (plain, handling):
+            proc.kill()
+            proc.wait()
+        if handling.stdout is not None:
+            handling.stdout.close()
+    assert not catches(plain.pid, signal.SIGUSR1)  # gone: nothing to read
+
+
+def _run_daemon(cluster: Cluster, tmp_path: Path, bin_dir: Path, pod_name: str,
+                ) -> tuple[subprocess.Popen[bytes], Path]:  # fmt: skip
+    imex_dir = tmp_path / "domain"
+    environ = {**os.environ, "PYTHONPATH": str(REPO), "NODE_NAME": "n1", "POD_NAME": pod_name,
+               "POD_NAMESPACE": kit.NAMESPACE, "POD_IP": "127.0.0.1", "DOMAIN_UID": DOMAIN,
+               "CLIQUE_ID": CLIQUE, "IMEX_BIN_DIR": str(bin_dir)}  # fmt: skip
+    argv = [sys.executable, "-m", "dra_driver", "compute-domain-daemon", "run",
+            "--imex-dir", str(imex_dir), "--kubeconfig", str(cluster.kubeconfig)]  # fmt: skip
+    return subprocess.Popen(argv, env=environ), imex_dir
+
+
+def _clique(*ips: str) -> dict[str, Any]:
+    daemons = [{"nodeName": f"n{i + 1}", "ipAddress": ip, "cliqueID": CLIQUE, "index": i,
+                "status": "NotReady"} for i, ip in enumerate(ips)]  # fmt: skip
+    return {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "ComputeDomainClique",
+            "metadata": {"name": f"{DOMAIN}.{CLIQUE}"}, "daemons": daemons}  # fmt: skip
+
+
+@pytest.mark.parametrize("joins", ["before-start", "while-nvidia-imex-starts"])
+def test_a_peer_listed_as_the_daemon_starts_never_kills_nvidia_imex(
+    cluster: Cluster, crd: None, tmp_path: Path, joins: str
+) -> None:
+    """Two daemons of a two-node domain: the clique lists the peer before ours starts, or
+    while ``nvidia-imex`` has not set its SIGUSR1 handler yet (a wrapper sleeps before it
+    execs the emulated tool). SIGUSR1's default action would kill it; the daemon starts it
+    with the peers listed, and holds a reload signal until it is caught."""
+    from dra_driver.commands.discover import install_emulated_imex_tools
+    from dra_driver.emulation import EmulatedNode
+
+    node = EmulatedNode.create("hgx-h100-fabric", tmp_path / "host")
+    install_emulated_imex_tools(node)
+    record = node.host.root / "emulation" / "imex.jsonl"
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "nvidia-imex-ctl").symlink_to(node.bin_dir / "nvidia-imex-ctl")
+    launched = tmp_path / "launched"
+    slow = bin_dir / "nvidia-imex"  # no handler for 3 s, then the emulated tool (same PID)
+    slow.write_text(f'#!/bin/sh\ntouch {launched}\nsleep 3\nexec {node.bin_dir}/nvidia-imex "$@"\n')
+    slow.chmod(0o755)
+    pod_name = unique("imex")
+    kit.daemon_pod(cluster, pod_name, DOMAIN, "n1")
+    both = ["127.0.0.1", "127.0.0.2"]
+    cluster.rest.create(CLIQUES, _clique(*(both if joins == "before-start" else both[:1])))
+    daemon, imex_dir = _run_daemon(cluster, tmp_path, bin_dir, pod_name)
+    try:
+        wait(launched.exists)
+        if joins == "while-nvidia-imex-starts":
+            cluster.rest.merge_patch(f"{CLIQUES}/{DOMAIN}.{CLIQUE}", _clique(*both))
+        wait(lambda: (imex_dir / "nodes_config.cfg").read_text() == "127.0.0.1\n127.0.0.2\n")
+        # Started with both listed, or started alone and told by SIGUSR1 once it catches it
+        # (the emulated tool reads the file the daemon rewrote meanwhile: told twice).
+        events = ["started"] if joins == "before-start" else ["started", "reloaded"]
+        wait(lambda: [e["event"] for e in imextools.read_record(record)
+                      if e.get("event")] == events)  # fmt: skip
+        last = [e for e in imextools.read_record(record) if e.get("event")][-1]
+        assert [p["host"] for p in last["peers"]] == both
+        time.sleep(0.5)
+        assert daemon.poll() is None
+    finally:
+        daemon.terminate()
+        code = daemon.wait(timeout=30)
+        force_delete(cluster, kit.NAMESPACE, pod_name)
+        cluster.rest.delete(f"{CLIQUES}/{DOMAIN}.{CLIQUE}")
+    assert code == 0

@@ -91,6 +91,29 @@ def test_daemon_resolves_peers_reloads_on_sigusr1_and_answers_ready(
     assert not imextools.state_file(config).exists()
 
 
+def test_a_daemon_stopping_after_its_successor_leaves_the_successor_s_state(
+    tools: tuple[dict[str, Path], Path, Path],
+) -> None:
+    """A force-deleted daemon pod's nvidia-imex may stop after the new pod's started on
+    the same domain directory: the new one stays READY."""
+    paths, _record, config = tools
+    old = subprocess.Popen([paths[imextools.IMEX], "-c", str(config)])
+    new: subprocess.Popen[bytes] | None = None
+    try:
+        _wait(imextools.state_file(config).exists)
+        new = subprocess.Popen([paths[imextools.IMEX], "-c", str(config)])
+        _wait(lambda: json.loads(imextools.state_file(config).read_text())["pid"] == new.pid)
+        old.terminate()
+        assert old.wait(timeout=20) == 0
+        assert _query(paths, config).stdout.strip() == "READY"
+    finally:
+        for proc in (old, new):
+            if proc is not None and proc.poll() is None:
+                proc.terminate()
+                proc.wait(timeout=20)
+    assert not imextools.state_file(config).exists()  # the last one's, removed by it
+
+
 def test_hold_delay_and_fail_switches(tools: tuple[dict[str, Path], Path, Path]) -> None:
     paths, record, config = tools
     Path(f"{record}.imex.fail").write_text("nvidia-imex -c\n")

@@ -15,6 +15,7 @@ from dra_driver.demo.realgpupod import RealGpuNodePod
 from dra_driver.devcluster import Cluster
 from dra_driver.devcluster.binaries import NodeBinaries
 from dra_driver.devcluster.node import NodeImage
+from dra_driver.devcluster.nodenet import POD_SUBNET
 from tests.conftest import start_real_node
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -81,12 +82,15 @@ def chart_pod_node(
     values: dict[str, str] | None = None,
     *,
     prefix: str = "mp",
+    namespace: str | None = None,
+    pod_subnet: str = POD_SUBNET,
 ) -> Iterator[RealGpuNodePod]:
-    """A real node (node names start with ``prefix``) whose plugin is the chart's
-    DaemonSet pod from the locally built ``image`` (``mpsDaemons``: the chart's default),
-    on the emulated ``profile`` (a file: copied under the emulated host root)."""
+    """A real node (node names start with ``prefix``, pods in ``pod_subnet``) whose plugin
+    is the chart's DaemonSet pod from the locally built ``image`` (``mpsDaemons``: the
+    chart's default), on the emulated ``profile`` (a file: copied under the emulated host
+    root); its release in ``namespace`` (default: a namespace of its own)."""
     archive, ref = image
-    real = start_real_node(cluster, binaries, prefix=prefix)
+    real = start_real_node(cluster, binaries, prefix=prefix, pod_subnet=pod_subnet)
     try:
         real.import_image(NodeImage(archive, ref))
         workdir = real.paths.workdir / "gpu"
@@ -94,7 +98,8 @@ def chart_pod_node(
             (workdir / "host").mkdir(parents=True)
             profile = str(shutil.copy(profile, workdir / "host" / profile.name))
         gpu = RealGpuNodePod(image=ref, cluster=cluster, node=real, profile=profile,
-                             workdir=workdir, helm=helm, chart_dir=CHART)  # fmt: skip
+                             workdir=workdir, helm=helm, chart_dir=CHART,
+                             namespace=namespace)  # fmt: skip
         gpu.values.update(values or {})
         assert "mpsDaemons" not in gpu.values  # the chart's default: pod
         try:

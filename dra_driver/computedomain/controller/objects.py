@@ -22,6 +22,8 @@ RESOURCE_API = "resource.k8s.io/v1"
 COMPONENT_LABEL = "app.kubernetes.io/component"
 DAEMON_COMPONENT = "compute-domain-daemon"
 DAEMON_CONTAINER = "imex-daemon"
+PROBE_TIMEOUT_S = 15
+"""The daemon's readiness probe's limit: above the check's own for ``nvidia-imex-ctl``."""
 _UID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 
 
@@ -179,6 +181,10 @@ def daemonset(domain: Domain, settings: DaemonSettings) -> Obj:
                 "exec": {"command": ["dra-driver", "compute-domain-daemon", "check"]},
                 "periodSeconds": 2,
                 "failureThreshold": 1,
+                # Two Python starts (the check, nvidia-imex-ctl -q with its own 10 s
+                # limit): past the 1 s default on a busy node, where every probe timed
+                # out and workloads waited for minutes (two-node e2e test).
+                "timeoutSeconds": PROBE_TIMEOUT_S,
             },
         }],
     }  # fmt: skip

@@ -10,9 +10,12 @@ directory at ``/etc/nvidia-imex``, ``DOMAIN_UID``, ``CLIQUE_ID`` and ``IMEX_BIN_
 2. writes the IMEX config (:func:`config_text`) and the nodes file: the IPs of its
    clique's daemons in ``index`` order, from the ``ComputeDomainClique`` object
    ``<domain uid>.<clique id>`` that the controller alone writes (:func:`peer_ips`);
-3. starts ``nvidia-imex -c <config>`` in the foreground, as its child;
+3. starts ``nvidia-imex -c <config>`` in the foreground, as its child, with the peers
+   the clique lists at that moment;
 4. watches that object: when the peers change, rewrites the nodes file (atomically)
-   and sends ``nvidia-imex`` SIGUSR1 to re-read it;
+   and sends ``nvidia-imex`` SIGUSR1 to re-read it, once it catches SIGUSR1 (the
+   signal's default action kills a process that has not set its handler yet; a peer
+   that joined just as the daemon started did that, found by the two-node e2e test);
 5. exits 1 when ``nvidia-imex`` exits (the kubelet restarts the container), 0 on SIGTERM
    (after stopping ``nvidia-imex``).
 
@@ -61,6 +64,9 @@ class ImexDaemonSettings:
     """Where ``nvidia-imex`` and ``nvidia-imex-ctl`` are."""
     resync_s: float = 300.0
     """A watch is re-opened at least this often (the server ends it)."""
+    reload_grace_s: float = 10.0
+    """SIGUSR1 waits until ``nvidia-imex`` catches it, at most this long after its start
+    (then it is sent anyway: a binary that never catches it is restarted by it)."""
 
     @property
     def clique_name(self) -> str:
@@ -99,6 +105,18 @@ def peer_ips(clique: dict[str, Any] | None, own_ip: str) -> list[str]:
     return ips if own_ip in ips else [*ips, own_ip] if own_ip else ips
 
 
+def catches(pid: int, signum: int) -> bool:
+    """Whether process ``pid`` has a handler for ``signum`` (``SigCgt`` of
+    ``/proc/<pid>/status``); False when it cannot be read."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("SigCgt:"):
+                return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return False
+
+
 def write_file(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(text)
@@ -118,11 +136,24 @@ class CliqueWatch:
         self._path = (f"/apis/{API_GROUP}/{API_VERSION}/namespaces/{settings.namespace}/"
                       f"{CLIQUE_PLURAL}")  # fmt: skip
 
+    def fetch(self) -> dict[str, Any]:
+        """The clique object as a list answer (its items: none or the object)."""
+        return self._client.request("GET", self._path, params={
+            "fieldSelector": f"metadata.name={self._s.clique_name}"})  # fmt: skip
+
+    def peers_now(self) -> list[str]:
+        """The clique's peers at this moment; just ours if it cannot be read."""
+        try:
+            items = self.fetch().get("items") or []
+        except (KubeError, ValueError) as exc:
+            logger.warning("reading the clique failed: %s", exc)
+            items = []
+        return peer_ips(items[0] if items else None, self._s.pod_ip)
+
     def run(self) -> None:
         while not self._stopped.is_set():
             try:
-                listed = self._client.request("GET", self._path, params={
-                    "fieldSelector": f"metadata.name={self._s.clique_name}"})  # fmt: skip
+                listed = self.fetch()
                 items = listed.get("items") or []
                 self._on_peers(peer_ips(items[0] if items else None, self._s.pod_ip))
                 rv = str((listed.get("metadata") or {}).get("resourceVersion", ""))
@@ -180,15 +211,18 @@ def run(settings: ImexDaemonSettings, client: KubeClient) -> int:
         label_pod(client, settings)
         settings.imex_dir.mkdir(parents=True, exist_ok=True)
         write_file(settings.config_file, config_text(settings))
-        current = peer_ips(None, settings.pod_ip)
+        current = watch.peers_now()
         write_file(settings.nodes_file, "\n".join(current) + "\n")
         imex = settings.imex_bin_dir / "nvidia-imex"
         child = subprocess.Popen([str(imex), "-c", str(settings.config_file)])
+        started = time.monotonic()
         logger.info("nvidia-imex started", extra={"pid": child.pid, "domain": settings.domain_uid,
-                                                  "clique": settings.clique_id})  # fmt: skip
+                                                  "clique": settings.clique_id,
+                                                  "peers": ",".join(current)})  # fmt: skip
         threading.Thread(target=watch.run, name="clique-watch", daemon=True).start()
+        reload_due = False
         while True:
-            got = wakeups.wait(1.0)
+            got = wakeups.wait(0.1 if reload_due else 1.0)
             if any(s in got for s in _STOP):
                 return 0
             code = child.poll()
@@ -201,8 +235,14 @@ def run(settings: ImexDaemonSettings, client: KubeClient) -> int:
             if latest is not None and latest != current:
                 write_file(settings.nodes_file, "\n".join(latest) + "\n")
                 current = latest
-                child.send_signal(signal.SIGUSR1)
+                reload_due = True
                 logger.info("peers changed", extra={"peers": ",".join(latest)})
+            if reload_due and (
+                catches(child.pid, signal.SIGUSR1)
+                or time.monotonic() - started > settings.reload_grace_s
+            ):
+                child.send_signal(signal.SIGUSR1)
+                reload_due = False
     except OSError as exc:
         raise DaemonError(f"cannot run nvidia-imex: {exc}") from exc
     finally:
