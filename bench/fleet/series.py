@@ -61,7 +61,10 @@ def summarize(command: str, runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
         shapes[shape] = {
             **{f: _median([r[f] for r in mine]) for f in FIGURES},
             "slice_bytes_per_node": _median([r["slice_bytes_per_node"] for r in mine]),
-            "runs": [{f: r[f] for f in (*FIGURES, "bound", "load_average")} for r in mine],
+            "runs": [
+                {f: r.get(f) for f in (*FIGURES, "bound", "fill_pods", "fill_s", "load_average")}
+                for r in mine
+            ],
         }
     ratio = {}
     for f in (*FIGURES, "slice_bytes_per_node"):
