@@ -20,6 +20,7 @@ import pytest
 from dra_driver.computedomain import names
 from dra_driver.computedomain.controller import objects
 from dra_driver.computedomain.controller.controller import Controller, ControllerSettings
+from dra_driver.computedomain.controller.events import EventRecorder
 from dra_driver.computedomain.controller.kubeapi import ControllerApi, Obj
 from dra_driver.devcluster import Cluster
 from dra_driver.plugin import kubeauth
@@ -68,14 +69,14 @@ def setup(cluster: Cluster, cluster_namespace: str) -> Iterator[tuple[str, str]]
 
 
 @contextmanager
-def running(setup: tuple[str, str], die_at: int = 0) -> Iterator[Controller]:
+def running(setup: tuple[str, str], die_at: int = 0, events: bool = False) -> Iterator[Controller]:
     namespace, kubeconfig = setup
     api = DyingApi(kubeauth.kubeconfig(kubeconfig), die_at=die_at)
     settings = ControllerSettings(
         daemon=objects.DaemonSettings(namespace=namespace, image="img:test"), workers=2,
         resync_s=2.0,
     )  # fmt: skip
-    controller = Controller(api, settings)
+    controller = Controller(api, settings, EventRecorder(api, "test") if events else None)
     stop = threading.Event()
     thread = threading.Thread(target=controller.run, args=(stop,), daemon=True)
     thread.start()
@@ -203,12 +204,23 @@ def test_a_template_name_already_taken_is_left_alone_and_said(
                         domain(name, f"{name}-ch"))  # fmt: skip
     uid = cluster.rest.get(f"{CD_API}/namespaces/{cluster_namespace}/"
                            f"{names.DOMAIN_PLURAL}/{name}")["metadata"]["uid"]  # fmt: skip
-    with caplog.at_level("ERROR"), running(setup) as controller:
+    with caplog.at_level("ERROR"), running(setup, events=True) as controller:
         ds = f"/apis/apps/v1/namespaces/{setup[0]}/daemonsets/{objects.daemonset_name(uid)}"
         wait_for(lambda: get_or_none(cluster, ds), what="the domain's DaemonSet")
         wait_for(lambda: [r for r in caplog.records if "is not this domain's" in r.getMessage()],
                  what="the error")  # fmt: skip
         assert controller.failed is None
+
+        def warnings() -> list[dict[str, Any]]:
+            listing = cluster.rest.get(
+                f"/apis/events.k8s.io/v1/namespaces/{cluster_namespace}/events"
+            )
+            return [e for e in listing["items"] if e["regarding"].get("uid") == uid
+                    and e["type"] == "Warning"]  # fmt: skip
+
+        (warning,) = wait_for(warnings, what="a Warning event on the domain")
+        assert warning["reason"] == "TemplateNameTaken"
+        assert f"{name}-ch" in warning["note"]
     stored = cluster.rest.get(f"{path}/{name}-ch")
     assert names.DOMAIN_LABEL not in (stored["metadata"].get("labels") or {})
     assert stored["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]
