@@ -66,7 +66,9 @@ class EventRecorder:
             "apiVersion": "events.k8s.io/v1",
             "kind": "Event",
             "metadata": {
-                "name": f"{meta.get('name', 'domain')}.{stamp:%Y%m%d%H%M%S}{secrets.token_hex(4)}",
+                # A DNS subdomain of at most 253 characters, whatever the domain's name.
+                "name": f"{str(meta.get('name') or 'domain')[:200].rstrip('-.')}."
+                f"{stamp:%Y%m%d%H%M%S}{secrets.token_hex(4)}",
                 "namespace": namespace,
             },
             "eventTime": stamp.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
