@@ -19,7 +19,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
 
@@ -43,8 +42,6 @@ NODES = Resource("/api/v1", "nodes", False)
 WAIT_S = 1.0
 """Next look while the DaemonSet's pods are still going away."""
 JSON_PATCH = "application/json-patch+json"
-WRITERS = 8
-"""Clique objects of one pass written at once, at most (:meth:`Reconciler._write_all`)."""
 MEMO_S = 5.0
 """How long a write is trusted over a cache that has not caught up with it yet."""
 
@@ -83,7 +80,6 @@ class Reconciler:
         self._settings = settings
         self._clock = clock
         self._memo: dict[str, tuple[object, float]] = {}
-        self._writers = ThreadPoolExecutor(WRITERS, thread_name_prefix="clique-writes")
         self._reported: set[str] = set()
 
     # -- live domains -------------------------------------------------------------
@@ -210,36 +206,25 @@ class Reconciler:
                 if p["metadata"].get("namespace") == namespace]  # fmt: skip
         placed = cliquing.daemons_of(pods)
         want = cliquing.cliques(placed, current)
-        writes: list[tuple[str, object, Callable[[], object]]] = []
         for clique_id, daemons in want.items():
             name = objects.clique_name(uid, clique_id)
             if name not in held:
+                seen = self._memo.get(f"clique/{name}")
+                if seen is not None and self._clock() - seen[1] < MEMO_S:
+                    continue  # created a moment ago; its arrival in the cache brings a pass
                 body = objects.clique(uid, clique_id, namespace, daemons)
                 post = partial(self._api.write, "POST", CLIQUES.collection(namespace), body)
-                writes.append((f"clique/{name}", daemons, post))
+                try:
+                    self._write_once(f"clique/{name}", daemons, post)
+                except ConflictError:  # there already, the cache behind: as above
+                    self._memo[f"clique/{name}"] = (None, self._clock())
             elif current.get(clique_id) != daemons:
                 path = CLIQUES.item(namespace, name)
                 patch = partial(self._api.merge_patch, path, {"daemons": daemons})
-                writes.append((f"clique/{name}", daemons, patch))
-        self._write_all(writes)
+                self._write_once(f"clique/{name}", daemons, patch)
         for name in held.keys() - {objects.clique_name(uid, c) for c in want}:
             self._delete(CLIQUES.item(namespace, name))
         return (want, *cliquing.waiting(pods, placed))
-
-    def _write_all(self, writes: list[tuple[str, object, Callable[[], object]]]) -> None:
-        """:meth:`_write_once` for each, at once: the cliques of a domain are separate
-        objects, and one after another they made a pass over a rack-scale domain last
-        (15 cliques, each write slow on a busy API server) while the last daemons
-        became Ready. Raises the first failure once all have been tried."""
-        if len(writes) <= 1:
-            for what, value, write in writes:
-                self._write_once(what, value, write)
-            return
-        futures = [self._writers.submit(self._write_once, *w) for w in writes]
-        errors = [f.exception() for f in futures]
-        for error in errors:
-            if error is not None:
-                raise error
 
     def _write_once(self, what: str, value: object, write: Callable[[], object]) -> bool:
         """Runs ``write`` unless ``value`` was written for ``what`` in the last MEMO_S
