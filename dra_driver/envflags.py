@@ -47,6 +47,10 @@ def bind(parser: argparse.ArgumentParser, environ: Mapping[str, str]) -> None:
 
 
 def _convert(parser: argparse.ArgumentParser, action: argparse.Action, name: str, raw: str) -> Any:
+    if isinstance(action, argparse.BooleanOptionalAction):  # --x / --no-x
+        if raw.lower() in TRUE_WORDS + FALSE_WORDS:
+            return raw.lower() in TRUE_WORDS
+        parser.error(f"{name}={raw!r}: expected one of {', '.join(TRUE_WORDS + FALSE_WORDS)}")
     if action.nargs == 0:  # store_true / store_false / store_const
         if raw.lower() in TRUE_WORDS:
             return action.const

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import argparse
 import math
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dra_driver.envflags import env_name
 from dra_driver.errors import DriverError
+from dra_driver.plugin.k8snames import is_dns_label, is_dns_subdomain
 
 if TYPE_CHECKING:
     from dra_driver.gpu.hardware.consumable import ConsumableGpus, MpsSlots
@@ -26,10 +26,6 @@ if TYPE_CHECKING:
     from dra_driver.gpu.hardware.partitions import MigMode, PlacementAttributes
     from dra_driver.gpu.monitoring.healthpolicy import HealthPolicy
     from dra_driver.plugin.settings import PluginSettings
-
-_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
-_SUBDOMAIN = re.compile(rf"^{_LABEL}(\.{_LABEL})*$")
-_UID = re.compile(rf"^{_LABEL}$")
 
 
 class SettingsError(DriverError):
@@ -119,10 +115,29 @@ def _flag(option: str) -> str:
 def check_node_name(node: str) -> None:
     """Refuse a ``--node-name`` that is no Kubernetes node name: it becomes a pool name,
     a label value and a path in requests, so both kubelet plugins check it the same way."""
-    if len(node) > 253 or not _SUBDOMAIN.match(node):
+    if not is_dns_subdomain(node):
         raise SettingsError(
             f"{_flag('node-name')} is {node!r}: expected a Kubernetes node name "
             "(lower-case DNS subdomain, at most 253 characters)"
+        )
+
+
+def check_rolling_update_uid(uid: str | None) -> None:
+    """Refuse a ``--rolling-update-uid`` that is no pod UID: it becomes part of socket
+    file names, so both kubelet plugins check it the same way."""
+    if uid is not None and not is_dns_label(uid):
+        raise SettingsError(
+            f"{_flag('rolling-update-uid')} is {uid!r}: expected a pod UID (lower-case letters, "
+            "digits and '-')"
+        )
+
+
+def check_namespace(namespace: str, why: str) -> None:
+    """Refuse a ``--namespace`` that is no namespace name (a DNS label)."""
+    if not is_dns_label(namespace):
+        raise SettingsError(
+            f"{_flag('namespace')} is {namespace!r}: {why} (a DNS label: lower-case "
+            "letters, digits, '-', at most 63)"
         )
 
 
@@ -157,7 +172,7 @@ def _mps_daemons(args: argparse.Namespace) -> MpsDaemonsSettings | None:
     if args.mps_daemons == "process":
         return None
     namespace, image = args.namespace, args.mps_daemon_image
-    if not namespace or len(namespace) > 63 or not _UID.match(namespace):
+    if not namespace or not is_dns_label(namespace):
         raise SettingsError(
             f"{_flag('namespace')} is {namespace!r}: --mps-daemons pod needs this plugin's "
             "namespace (a DNS label: lower-case letters, digits, '-', at most 63), where "
@@ -169,7 +184,7 @@ def _mps_daemons(args: argparse.Namespace) -> MpsDaemonsSettings | None:
             "daemon pods run (the plugin's own)"
         )
     priority = args.mps_daemon_priority_class
-    if priority and (len(priority) > 253 or not _SUBDOMAIN.match(priority)):
+    if priority and not is_dns_subdomain(priority):
         raise SettingsError(
             f"{_flag('mps-daemon-priority-class')} is {priority!r}: expected a PriorityClass "
             "name (lower-case DNS subdomain)"
@@ -191,18 +206,14 @@ def daemon_settings(args: argparse.Namespace) -> DaemonSettings:
     driver, node = args.driver_name, args.node_name
     if not node:
         raise SettingsError(f"{_flag('node-name')} is required: this node's name")
-    if len(driver) > 63 or not _SUBDOMAIN.match(driver) or "." not in driver:
+    if not is_dns_subdomain(driver, 63) or "." not in driver:
         raise SettingsError(
             f"{_flag('driver-name')} is {driver!r}: expected a DNS subdomain of at most 63 "
             "characters with at least one dot, e.g. gpu.nvidia.com"
         )
     check_node_name(node)
     uid = args.rolling_update_uid
-    if uid is not None and (len(uid) > 63 or not _UID.match(uid)):
-        raise SettingsError(
-            f"{_flag('rolling-update-uid')} is {uid!r}: expected a pod UID (lower-case letters, "
-            "digits and '-')"
-        )
+    check_rolling_update_uid(uid)
     if not -1 <= args.health_port <= 65535:
         raise SettingsError(f"{_flag('health-port')} is {args.health_port}: use 1-65535, 0 or -1")
     if args.kubeconfig is not None and not any(

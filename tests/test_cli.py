@@ -303,7 +303,8 @@ def test_the_kubelet_plugin_command_loads_no_other_command(argv: list[str]) -> N
     assert [m for m in loaded if m.startswith(TOOLING)] == []
     assert [m for m in loaded if m.startswith("dra_driver.commands.")] == [
         "dra_driver.commands.discover", "dra_driver.commands.kubelet_plugin",
-        "dra_driver.commands.observability", "dra_driver.commands.slices",
+        "dra_driver.commands.observability", "dra_driver.commands.pluginflags",
+        "dra_driver.commands.slices",
     ]  # fmt: skip
 
 

@@ -14,4 +14,7 @@ played here, per node, as soon as its trigger is seen: a workload pod bound to a
 labels the node (the plugin's prepare), and a daemon pod bound to a node gets its clique
 label (the daemon) and Ready with an IP (the kubelet). Writes and 409s are the API
 server's own counts (``apiserver_request_total``, every client), and the controller's.
+Where the time went: ``stages_s`` (first and last node labelled, daemon pod seen, daemon
+pod bound) and ``cpu_s`` (CPU seconds of each control-plane process, the controller and
+the bench itself in the timed window); ``--controller-log`` keeps the controller's log.
 """

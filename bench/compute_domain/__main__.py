@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -27,8 +28,16 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--workers", type=int, default=16, help="threads playing the nodes' writes")
     p.add_argument("--controller-workers", type=int, default=4)
+    p.add_argument(
+        "--daemon-priority-class", default="system-node-critical",
+        help="priorityClassName of the daemon pods, as the chart sets it (default %(default)s)",
+    )  # fmt: skip
     p.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for Ready")
     p.add_argument("--prefix", default="", help="prefix of every node and namespace name")
+    p.add_argument(
+        "--controller-log", type=Path, default=None,
+        help="copy the controller's JSON log here (default: dropped with the run's files)",
+    )  # fmt: skip
     p.add_argument("-o", "--output", choices=("text", "json"), default="text")
     return p
 
@@ -40,7 +49,11 @@ def main(argv: list[str] | None = None) -> int:
         tempfile.TemporaryDirectory(prefix="dra-cd-bench-") as work,
         Cluster(find_binaries(), Path(work), options) as cluster,
     ):
-        summary = run(cluster, args, Path(work))
+        try:
+            summary = run(cluster, args, Path(work))
+        finally:
+            if args.controller_log is not None and (Path(work) / "controller.log").exists():
+                shutil.copyfile(Path(work) / "controller.log", args.controller_log)
     if args.output == "json":
         print(json.dumps(summary, indent=2))
     else:

@@ -92,6 +92,14 @@ class NodePlayer:
         self._lock = threading.Lock()
         self._labelled: set[str] = set()
         self._ready: set[str] = set()
+        self._seen: set[str] = set()
+        self.times: dict[str, list[float]] = {
+            "labelled": [],
+            "daemon_created": [],
+            "daemon_bound": [],
+        }
+        """When each node's label, daemon pod and bound daemon pod was first seen
+        (``time.monotonic``): how the stages overlap."""
         pods = Resource("/api/v1", "pods", True)
         self.workload = Informer(
             api, pods, namespace=work_ns, on_change=self._workload, resync_s=3600
@@ -124,22 +132,26 @@ class NodePlayer:
         self.daemons.stop()
         self._pool.shutdown(wait=True, cancel_futures=True)
 
-    def _once(self, done: set[str], node: str) -> bool:
+    def _once(self, done: set[str], node: str, stage: str = "") -> bool:
         with self._lock:
             if node in done:
                 return False
             done.add(node)
+            if stage:
+                self.times[stage].append(time.monotonic())
             return True
 
     def _workload(self, pod: Obj) -> None:
         node = pod.get("spec", {}).get("nodeName")
-        if node and self._once(self._labelled, node):
+        if node and self._once(self._labelled, node, "labelled"):
             label = {"metadata": {"labels": {names.DOMAIN_LABEL: self._uid}}}
             self._pool.submit(self._cluster.rest.merge_patch, f"/api/v1/nodes/{node}", label)
 
     def _daemon(self, pod: Obj) -> None:
+        self._once(self._seen, pod["metadata"]["name"], "daemon_created")
         node = pod.get("spec", {}).get("nodeName")
-        if node and not pod["metadata"].get("deletionTimestamp") and self._once(self._ready, node):
+        deleting = pod["metadata"].get("deletionTimestamp")
+        if node and not deleting and self._once(self._ready, node, "daemon_bound"):
             self._pool.submit(self._kubelet, pod, node)
 
     def _kubelet(self, pod: Obj, node: str) -> None:

@@ -26,13 +26,15 @@ from bench.compute_domain.nodes import (
     workload_pod,
 )
 from dra_driver.computedomain import names
-from dra_driver.computedomain.controller.kubeapi import ControllerApi
+from dra_driver.computedomain.controller.informers import Informer
+from dra_driver.computedomain.controller.kubeapi import ControllerApi, Resource
 from dra_driver.devcluster import Cluster
 from dra_driver.plugin import kubeauth
 
 ROOT = Path(__file__).resolve().parents[2]
 CD_API = f"/apis/{names.API_GROUP}/{names.API_VERSION}"
 RESOURCE_API = "/apis/resource.k8s.io/v1"
+CLK_TCK = os.sysconf("SC_CLK_TCK")
 WRITES = frozenset({"POST", "PUT", "PATCH", "APPLY", "DELETE", "DELETECOLLECTION"})
 CONTROLLER_RESOURCES = (
     "computedomains",
@@ -75,6 +77,18 @@ def request_counts(cluster: Cluster) -> dict[tuple[str, str, str], float]:
     return out
 
 
+def cpu_seconds(pids: dict[str, int | None]) -> dict[str, float]:
+    """User+system CPU seconds of each live process so far (``/proc/<pid>/stat``)."""
+    out: dict[str, float] = {}
+    for name, pid in pids.items():
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, TypeError):
+            continue
+        out[name] = (int(fields[11]) + int(fields[12])) / CLK_TCK
+    return out
+
+
 def run(cluster: Cluster, args: argparse.Namespace, work: Path) -> dict[str, Any]:
     """One timed domain on ``cluster``; every name starts with ``args.prefix``."""
     p = args.prefix
@@ -111,6 +125,7 @@ def run(cluster: Cluster, args: argparse.Namespace, work: Path) -> dict[str, Any
                 f"--namespace={driver_ns}",
                 "--image=img:bench",
                 f"--workers={args.controller_workers}",
+                f"--daemon-priority-class={args.daemon_priority_class}",
             ],
             stdout=out,
             stderr=out,
@@ -118,8 +133,12 @@ def run(cluster: Cluster, args: argparse.Namespace, work: Path) -> dict[str, Any
         )
     api = ControllerApi(kubeauth.kubeconfig(str(cluster.kubeconfig)), pool_size=32)
     player: NodePlayer | None = None
+    claims: Informer | None = None
     try:
         time.sleep(2.0)  # the controller's caches (its import and lists)
+        pids = {c.name: c.pid for c in cluster.components}
+        pids |= {"controller": controller.pid, "bench": os.getpid()}
+        cpu_before = cpu_seconds(pids)
         before = request_counts(cluster)
         t0 = time.monotonic()
         domain = {
@@ -138,6 +157,11 @@ def run(cluster: Cluster, args: argparse.Namespace, work: Path) -> dict[str, Any
             cluster, api, uid, cliques.__getitem__, args.workers, namespaces=(driver_ns, work_ns)
         )
         player.start()
+        claims = Informer(
+            api, Resource(RESOURCE_API, "resourceclaims", True), namespace=work_ns,
+            on_change=lambda _: None, resync_s=3600,
+        )  # fmt: skip
+        claims.start()
         marks: dict[str, float] = {}
         template = f"{RESOURCE_API}/namespaces/{work_ns}/resourceclaimtemplates/{TEMPLATE}"
         while "template" not in marks:
@@ -164,9 +188,8 @@ def run(cluster: Cluster, args: argparse.Namespace, work: Path) -> dict[str, Any
                 if what not in marks and count == args.nodes:
                     marks[what] = now
             if "claims" not in marks:
-                claims = cluster.rest.get(f"{RESOURCE_API}/namespaces/{work_ns}/resourceclaims")
-                allocated = [c for c in claims["items"] if c.get("status", {}).get("allocation")]
-                if len(allocated) == args.nodes:
+                allocated = sum(1 for c in claims.items() if c.get("status", {}).get("allocation"))
+                if allocated == args.nodes:
                     marks["claims"] = now
             if "daemons" not in marks:
                 found = cluster.rest.get(f"{CD_API}/namespaces/{driver_ns}/{names.CLIQUE_PLURAL}")
@@ -187,12 +210,19 @@ def run(cluster: Cluster, args: argparse.Namespace, work: Path) -> dict[str, Any
             time.sleep(0.25)
         time.sleep(1.0)  # writes still in flight
         after = request_counts(cluster)
+        cpu_after = cpu_seconds(pids)
     finally:
         if player is not None:
             player.stop()
+        if claims is not None:
+            claims.stop()
         api.close()
         controller.terminate()
         controller.wait(30)
+    stages = {
+        what: [round(min(ts) - t0, 2), round(max(ts) - t0, 2)] if ts else None
+        for what, ts in (player.times.items() if player is not None else ())
+    }
     diff = {k: v - before.get(k, 0.0) for k, v in after.items() if v - before.get(k, 0.0)}
     writes = {
         f"{verb} {res}": round(
@@ -223,6 +253,8 @@ def run(cluster: Cluster, args: argparse.Namespace, work: Path) -> dict[str, Any
         "controller_resources_writes": sum(
             v for k, v in writes.items() if k.split(" ", 1)[1] in CONTROLLER_RESOURCES
         ),
+        "stages_s": stages,
+        "cpu_s": {k: round(v - cpu_before.get(k, 0.0), 1) for k, v in sorted(cpu_after.items())},
         "client_qps": cluster.options.client_qps,
         "load_average": [round(x, 2) for x in os.getloadavg()],
     }

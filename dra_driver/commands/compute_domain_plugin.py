@@ -11,12 +11,19 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import re
 from pathlib import Path
 
 from dra_driver.commands.discover import add_host_arguments
+from dra_driver.commands.pluginflags import add_kubelet_plugin_arguments
 from dra_driver.computedomain.names import DRIVER_NAME
-from dra_driver.settings import SettingsError, check_node_name, host_settings
+from dra_driver.envflags import env_name
+from dra_driver.settings import (
+    SettingsError,
+    check_namespace,
+    check_node_name,
+    check_rolling_update_uid,
+    host_settings,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -29,12 +36,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the driver's namespace, where the domains' daemon pods run",
     )
     add_host_arguments(parser)
-    parser.add_argument(
-        "--cdi-dir",
-        type=Path,
-        default=Path("/var/run/cdi"),
-        help="where claim CDI specs are written (default %(default)s)",
-    )
+    add_kubelet_plugin_arguments(parser)
     parser.add_argument(
         "--host-driver-root",
         type=Path,
@@ -50,24 +52,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "at the same place (default <kubelet-plugins-dir>/" + DRIVER_NAME + ")",
     )
     parser.add_argument(
-        "--kubelet-registry-dir",
-        type=Path,
-        default=Path("/var/lib/kubelet/plugins_registry"),
-        help="kubelet plugin registry dir (default %(default)s)",
-    )
-    parser.add_argument(
-        "--kubelet-plugins-dir",
-        type=Path,
-        default=Path("/var/lib/kubelet/plugins"),
-        help="kubelet plugins dir (default %(default)s)",
-    )
-    parser.add_argument(
-        "--kubeconfig",
-        type=Path,
-        default=None,
-        help="kubeconfig file (default: the pod's service account)",
-    )
-    parser.add_argument(
         "--ready-wait",
         type=float,
         default=2.0,
@@ -76,22 +60,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(default %(default)g)",
     )
     parser.add_argument(
-        "--health-port",
-        type=int,
-        default=-1,
-        help="port of /healthz and /readyz; -1: off (default %(default)s)",
-    )
-    parser.add_argument(
         "--claim-status",
         type=_boolean,
         default=True,
         help="write prepared devices into claims' status.devices (default true)",
-    )
-    parser.add_argument(
-        "--rolling-update-uid",
-        default=None,
-        help="this pod's UID: UID-suffixed sockets so two plugin pods may "
-        "overlap in a surge update (the chart sets it); unset: plain names",
     )
 
 
@@ -109,10 +81,12 @@ def run(args: argparse.Namespace) -> int:
 
     node = args.node_name
     check_node_name(node)
-    if len(args.namespace) > 63 or not re.match(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", args.namespace):
-        raise SettingsError(f"--namespace is {args.namespace!r}: expected a namespace name")
+    check_namespace(args.namespace, "expected the driver's namespace, where daemon pods run")
+    check_rolling_update_uid(args.rolling_update_uid)
     if not 0 <= args.ready_wait <= 30:
-        raise SettingsError(f"--ready-wait is {args.ready_wait:g}: use 0-30 seconds")
+        raise SettingsError(
+            f"--ready-wait ({env_name('--ready-wait')}) is {args.ready_wait:g}: use 0-30 seconds"
+        )
     hosts = host_settings(args)
     with gpu_host(hosts) as (host, emulated):
         extra: list[str] = []

@@ -19,20 +19,10 @@ from pathlib import Path
 
 from dra_driver.commands import observability
 from dra_driver.commands.discover import add_host_arguments
+from dra_driver.commands.pluginflags import add_kubelet_plugin_arguments
 from dra_driver.commands.slices import consumable_gpus, mps_slots
 
 logger = logging.getLogger(__name__)
-
-
-def _port(text: str) -> int:
-    """argparse type: a TCP port, 0 (any free port) or -1 (off)."""
-    try:
-        port = int(text)
-    except ValueError:
-        port = -2
-    if not -1 <= port <= 65535:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a port: use 1-65535, 0 or -1")
-    return port
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -48,12 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="DRA driver name, a DNS subdomain (default %(default)s)",
     )
     add_host_arguments(parser)
-    parser.add_argument(
-        "--cdi-dir",
-        type=Path,
-        default=Path("/var/run/cdi"),
-        help="where claim CDI specs are written (default %(default)s)",
-    )
+    add_kubelet_plugin_arguments(parser)
     parser.add_argument(
         "--host-driver-root",
         type=Path,
@@ -90,25 +75,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=Path,
         default=None,
         help="checkpoint, MPS daemons and lock files (default <kubelet-plugins-dir>/<driver-name>)",
-    )
-    parser.add_argument(
-        "--kubelet-registry-dir",
-        type=Path,
-        default=Path("/var/lib/kubelet/plugins_registry"),
-        help="kubelet plugin registry dir (default %(default)s)",
-    )
-    parser.add_argument(
-        "--kubelet-plugins-dir",
-        type=Path,
-        default=Path("/var/lib/kubelet/plugins"),
-        help="kubelet plugins dir (default %(default)s)",
-    )
-    parser.add_argument(
-        "--kubeconfig",
-        type=Path,
-        default=None,
-        help="kubeconfig file, or several joined by ':' (the first file naming an entry "
-        "wins) (default: the pod's service account)",
     )
     parser.add_argument(
         "--context",
@@ -164,25 +130,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--consumable-gpus is split into slots (default none)",
     )
     parser.add_argument(
-        "--rolling-update-uid",
-        default=None,
-        help="pod UID: UID-suffixed sockets so two plugin pods can overlap "
-        "during an update (the chart sets DRA_ROLLING_UPDATE_UID from the downward API; "
-        "default: off)",
-    )
-    parser.add_argument(
         "--health-interval",
         type=float,
         default=10.0,
         help="seconds between full device-health updates to the kubelet, 1-300 "
         "(default %(default)g)",
-    )
-    parser.add_argument(
-        "--health-port",
-        type=_port,
-        default=-1,
-        help="TCP port of the HTTP /healthz and /readyz endpoint for the pod's probes; "
-        "0 picks a free port, -1 serves none (default: none)",
     )
     parser.add_argument(
         "--cleanup-interval",

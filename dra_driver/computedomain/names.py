@@ -6,6 +6,7 @@ every node write one object: here the controller is the only writer of cluster-w
 status, and each daemon owns only its own pod.
 """
 
+import hashlib
 from typing import Final, Literal
 
 API_GROUP: Final = "resource.nvidia.com"
@@ -41,3 +42,22 @@ MAX_CHANNELS: Final = 2048
 CHANNEL_DIR: Final = "/dev/nvidia-caps-imex-channels"
 
 AllocationMode = Literal["Single", "All"]
+
+
+NO_CLIQUE_PREFIX: Final = "none-"
+_LABEL_VALUE_MAX = 63
+
+
+def no_clique_id(node_name: str) -> str:
+    """The clique of a node whose GPUs are in no NVLink clique: a clique of its own,
+    ``none-<node name>``. It is a label value on the daemon pod (at most 63 characters)
+    and part of the clique object's name, so a longer one keeps the name's first
+    characters, without a trailing ``-`` or ``.``, and ends in 10 hex digits of the
+    whole name's SHA-256: the same node always gets the same id, two nodes never share
+    one in practice."""
+    plain = NO_CLIQUE_PREFIX + node_name
+    if len(plain) <= _LABEL_VALUE_MAX:
+        return plain
+    digest = hashlib.sha256(node_name.encode()).hexdigest()[:10]
+    keep = _LABEL_VALUE_MAX - len(NO_CLIQUE_PREFIX) - 1 - len(digest)
+    return f"{NO_CLIQUE_PREFIX}{node_name[:keep].rstrip('-.')}-{digest}"

@@ -15,18 +15,14 @@ What comes back is here too: a backend returns a list of :class:`PreparedDevice`
 from __future__ import annotations
 
 import logging
-import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from dra_driver.errors import DriverError
 from dra_driver.logs import ContextLogger
+from dra_driver.plugin.k8snames import is_dns_label, is_dns_subdomain
 
 ConfigSource = Literal["FromClass", "FromClaim"]
-
-_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
-_DNS_LABEL = re.compile(rf"^{_LABEL}$")
-_DNS_SUBDOMAIN = re.compile(rf"^{_LABEL}(\.{_LABEL})*$")
 
 
 class ClaimError(DriverError):
@@ -58,17 +54,17 @@ def validate_ref(ref: ClaimRef) -> None:
     """UID and namespace are DNS labels, the name a DNS subdomain (what the API server
     accepts); raises :class:`ClaimError` naming the field. Backends key files by UID
     and the client puts namespace and name into URL paths, so nothing else gets through."""
-    if len(ref.uid) > 63 or not _DNS_LABEL.match(ref.uid):
+    if not is_dns_label(ref.uid):
         raise ClaimError(
             f"claim uid {ref.uid!r} is invalid: expected lower-case letters, digits and '-', "
             "starting and ending with a letter or digit, at most 63 characters"
         )
-    if len(ref.namespace) > 63 or not _DNS_LABEL.match(ref.namespace):
+    if not is_dns_label(ref.namespace):
         raise ClaimError(
             f"claim {ref.uid}: namespace {ref.namespace!r} is invalid: expected a DNS label "
             "(lower-case letters, digits and '-', at most 63 characters)"
         )
-    if len(ref.name) > 253 or not _DNS_SUBDOMAIN.match(ref.name):
+    if not is_dns_subdomain(ref.name):
         raise ClaimError(
             f"claim {ref.uid}: name {ref.name!r} is invalid: expected a DNS subdomain "
             "(lower-case letters, digits, '-' and '.', at most 253 characters)"

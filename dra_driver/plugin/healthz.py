@@ -1,4 +1,5 @@
-"""HTTP health endpoint for the kubelet's probes of the plugin pod.
+"""HTTP health endpoint for the kubelet's probes of the plugin pod (and of the
+ComputeDomain controller's, from any :class:`HealthState`).
 
 ``GET /healthz`` (liveness): 200 while the gRPC sockets serve and no background
 thread has died; 503 otherwise, so the kubelet restarts the plugin. ``GET /readyz``
@@ -23,11 +24,25 @@ import json
 import logging
 import socketserver
 import threading
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from dra_driver.plugin.settings import Readiness
+    from dra_driver.plugin.backend import DeviceHealth
+
+
+class HealthState(Protocol):
+    """What a probe answers from: the kubelet plugin's ``Readiness``, or any other
+    process's snapshot (the ComputeDomain controller's)."""
+
+    @property
+    def alive(self) -> bool: ...
+
+    @property
+    def ready(self) -> bool: ...
+
+    @property
+    def problems(self) -> list[str]: ...
 
 
 class HealthServer:
@@ -36,7 +51,7 @@ class HealthServer:
     def __init__(
         self,
         *,
-        readiness: Callable[[], Readiness],
+        readiness: Callable[[], HealthState],
         port: int,
         logger: logging.Logger,
         host: str = "",
@@ -87,15 +102,18 @@ class HealthServer:
         else:
             ok = state.ready
             problems = state.problems
-            devices = {
-                "healthy": sum(d.health == "Healthy" for d in state.devices),
-                "unhealthy": [
-                    {"pool": d.pool, "device": d.device, "health": d.health, "message": d.message}
-                    for d in state.devices
-                    if d.health != "Healthy"
-                ],
-            }
-            return (200 if ok else 503), {"ok": ok, "problems": problems, "devices": devices}
+            listed: Sequence[DeviceHealth] | None = getattr(state, "devices", None)
+            if listed is not None:  # a kubelet plugin: the devices it streams
+                devices = {
+                    "healthy": sum(d.health == "Healthy" for d in listed),
+                    "unhealthy": [
+                        {"pool": d.pool, "device": d.device, "health": d.health,
+                         "message": d.message}
+                        for d in listed
+                        if d.health != "Healthy"
+                    ],
+                }  # fmt: skip
+                return (200 if ok else 503), {"ok": ok, "problems": problems, "devices": devices}
         return (200 if ok else 503), {"ok": ok, "problems": problems}
 
     def respond(self, method: str, path: str) -> tuple[int, bytes, str]:

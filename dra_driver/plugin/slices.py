@@ -19,6 +19,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from dra_driver.plugin.k8snames import is_dns_label, is_dns_subdomain, is_label_value
 from dra_driver.plugin.requestpolicy import capacity_problems
 from dra_driver.plugin.resources import Capacity, CounterSet, Device, ListValue, Pool, Version
 
@@ -33,11 +34,8 @@ MAX_CONSUMES_COUNTERS = 2
 MAX_LIST_VALUES = 48
 """List-typed attribute values per device, all lists together (KEP-5491)."""
 _TAINT_EFFECTS = ("None", "NoSchedule", "NoExecute")
-_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 _RFC3339 = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}Z$")
 
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _C_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _SEMVER = re.compile(
     r"^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)"
@@ -55,18 +53,10 @@ class SliceValidationError(ValueError):
         self.problems = problems
 
 
-def _dns_label(value: str) -> bool:
-    return len(value) <= 63 and bool(_DNS_LABEL.match(value))
-
-
-def _dns_subdomain(value: str) -> bool:
-    return len(value) <= 253 and bool(_DNS_SUBDOMAIN.match(value))
-
-
 def _qualified_name(name: str) -> str | None:
     """None if ``name`` is a valid attribute/capacity name, else why not."""
     domain, _, ident = name.rpartition("/")
-    if domain and (len(domain) > 63 or not _DNS_SUBDOMAIN.match(domain)):
+    if domain and not is_dns_subdomain(domain, 63):
         return "domain must be a DNS subdomain of at most 63 characters"
     if len(ident) > 32 or not _C_IDENT.match(ident):
         return "name must be a C identifier of at most 32 characters, optionally domain/ prefixed"
@@ -75,7 +65,7 @@ def _qualified_name(name: str) -> str | None:
 
 def _validate_device(i: int, d: Device, sets: dict[str, CounterSet], problems: list[str]) -> None:
     at = f"devices[{i}]"
-    if not _dns_label(d.name):
+    if not is_dns_label(d.name):
         problems.append(f"{at}.name: {d.name!r} is not a DNS label (a-z, 0-9, '-', <= 63)")
     if len(d.attributes) + len(d.capacity) > MAX_ATTRIBUTES_AND_CAPACITIES:
         problems.append(
@@ -118,14 +108,9 @@ def _validate_device(i: int, d: Device, sets: dict[str, CounterSet], problems: l
     for j, t in enumerate(d.taints):
         where = f"{at}.taints[{j}]"
         prefix, _, name = t.key.rpartition("/")
-        if (
-            (prefix and not _dns_subdomain(prefix))
-            or not name
-            or len(name) > 63
-            or not _LABEL_VALUE.match(name)
-        ):
+        if (prefix and not is_dns_subdomain(prefix)) or not name or not is_label_value(name):
             problems.append(f"{where}.key: {t.key!r} is not a label key ([prefix/]name)")
-        if len(t.value) > 63 or not _LABEL_VALUE.match(t.value):
+        if not is_label_value(t.value):
             problems.append(f"{where}.value: {t.value!r} is not a label value (<= 63 chars)")
         if t.effect not in _TAINT_EFFECTS:
             problems.append(f"{where}.effect: {t.effect!r}; allowed: {', '.join(_TAINT_EFFECTS)}")
@@ -162,7 +147,7 @@ def validate_pool(pool: Pool) -> None:
     sets: dict[str, CounterSet] = {}
     for i, cs in enumerate(pool.counter_sets):
         at = f"counterSets[{i}]"
-        if not _dns_label(cs.name):
+        if not is_dns_label(cs.name):
             problems.append(f"{at}.name: {cs.name!r} is not a DNS label")
         if cs.name in sets:
             problems.append(f"{at}.name: {cs.name!r} is used twice; set names must be unique")
@@ -170,7 +155,7 @@ def validate_pool(pool: Pool) -> None:
         if not 1 <= len(cs.counters) <= MAX_COUNTERS_PER_SET:
             problems.append(f"{at}.counters: {len(cs.counters)} counters; allowed 1..32")
         for name in cs.counters:
-            if not _dns_label(name):
+            if not is_dns_label(name):
                 problems.append(f"{at}.counters[{name!r}]: not a DNS label")
     names: set[str] = set()
     for i, d in enumerate(pool.devices):
@@ -350,9 +335,9 @@ def slice_object(
 
 def validate_names(driver: str, node: str) -> None:
     problems = []
-    if len(driver) > 63 or not _DNS_SUBDOMAIN.match(driver):
+    if not is_dns_subdomain(driver, 63):
         problems.append(f"driver: {driver!r} must be a DNS subdomain of at most 63 characters")
-    if not _dns_subdomain(node):
+    if not is_dns_subdomain(node):
         problems.append(f"node name: {node!r} must be a DNS subdomain")
     if problems:
         raise SliceValidationError(problems)

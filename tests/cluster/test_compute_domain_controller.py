@@ -15,7 +15,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -47,12 +47,15 @@ class ControllerProcess:
     """``dra-driver compute-domain-controller`` as the Deployment runs it, with the
     ServiceAccount's token in a kubeconfig instead of the pod's."""
 
-    def __init__(self, kubeconfig: Path, namespace: str, log: Path) -> None:
+    def __init__(
+        self, kubeconfig: Path, namespace: str, log: Path, extra: Sequence[str] = ()
+    ) -> None:
+        # A short lease: the next test's controller takes over from a killed one soon.
         self._argv = [sys.executable, "-m", "dra_driver", "--log-format=json",
                       "compute-domain-controller", f"--kubeconfig={kubeconfig}",
                       f"--namespace={namespace}", f"--image={IMAGE}",
                       f"--daemon-service-account={namespace}-compute-domain-daemon",
-                      "--resync-interval=5"]  # fmt: skip
+                      "--resync-interval=5", "--lease-duration=3", *extra]  # fmt: skip
         self._log = log
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -196,6 +199,13 @@ def test_a_domain_from_creation_to_ready_and_back_to_nothing(
     assert {e["ipAddress"] for e in daemons.values()} == {"10.44.0.1", "10.44.0.2"}
     assert all(e["status"] == "Ready" and e["cliqueID"] == CLIQUE for e in daemons.values())
     assert {n["name"] for n in ready["status"]["nodes"]} == set(nodes)
+    events_path = f"/apis/events.k8s.io/v1/namespaces/{user_ns}/events"
+    ready_events = wait_for(lambda: [
+        e for e in cluster.rest.get(events_path)["items"]
+        if e["regarding"].get("uid") == uid and e["reason"] == "Ready"],
+        what="a Ready event")  # fmt: skip
+    assert ready_events[0]["type"] == "Normal"
+    assert "2 nodes in 1 cliques" in ready_events[0]["note"]
 
     # Deleting: the DaemonSet goes, its pods (confirmed here as a kubelet would), then
     # the templates, the clique and the nodes' labels, then the finalizer.

@@ -20,6 +20,7 @@ import pytest
 from dra_driver.computedomain import names
 from dra_driver.computedomain.controller import objects
 from dra_driver.computedomain.controller.controller import Controller, ControllerSettings
+from dra_driver.computedomain.controller.events import EventRecorder
 from dra_driver.computedomain.controller.kubeapi import ControllerApi, Obj
 from dra_driver.devcluster import Cluster
 from dra_driver.plugin import kubeauth
@@ -28,11 +29,15 @@ from tests.cluster.computedomains import (
     RESOURCE_API,
     controller_rbac,
     domain,
+    force_delete_terminating,
     get_or_none,
     install_crds,
+    play_kubelet,
     wait_for,
 )
 from tests.plugin.clusterkit import unique
+
+CLIQUE = "5b4f6e2a-0000-4000-8000-000000000001.7"
 
 
 class Killed(BaseException):
@@ -68,14 +73,14 @@ def setup(cluster: Cluster, cluster_namespace: str) -> Iterator[tuple[str, str]]
 
 
 @contextmanager
-def running(setup: tuple[str, str], die_at: int = 0) -> Iterator[Controller]:
+def running(setup: tuple[str, str], die_at: int = 0, events: bool = False) -> Iterator[Controller]:
     namespace, kubeconfig = setup
     api = DyingApi(kubeauth.kubeconfig(kubeconfig), die_at=die_at)
     settings = ControllerSettings(
         daemon=objects.DaemonSettings(namespace=namespace, image="img:test"), workers=2,
         resync_s=2.0,
     )  # fmt: skip
-    controller = Controller(api, settings)
+    controller = Controller(api, settings, EventRecorder(api, "test") if events else None)
     stop = threading.Event()
     thread = threading.Thread(target=controller.run, args=(stop,), daemon=True)
     thread.start()
@@ -203,12 +208,82 @@ def test_a_template_name_already_taken_is_left_alone_and_said(
                         domain(name, f"{name}-ch"))  # fmt: skip
     uid = cluster.rest.get(f"{CD_API}/namespaces/{cluster_namespace}/"
                            f"{names.DOMAIN_PLURAL}/{name}")["metadata"]["uid"]  # fmt: skip
-    with caplog.at_level("ERROR"), running(setup) as controller:
+    with caplog.at_level("ERROR"), running(setup, events=True) as controller:
         ds = f"/apis/apps/v1/namespaces/{setup[0]}/daemonsets/{objects.daemonset_name(uid)}"
         wait_for(lambda: get_or_none(cluster, ds), what="the domain's DaemonSet")
         wait_for(lambda: [r for r in caplog.records if "is not this domain's" in r.getMessage()],
                  what="the error")  # fmt: skip
         assert controller.failed is None
+
+        def warnings() -> list[dict[str, Any]]:
+            listing = cluster.rest.get(
+                f"/apis/events.k8s.io/v1/namespaces/{cluster_namespace}/events"
+            )
+            return [e for e in listing["items"] if e["regarding"].get("uid") == uid
+                    and e["type"] == "Warning"]  # fmt: skip
+
+        (warning,) = wait_for(warnings, what="a Warning event on the domain")
+        assert warning["reason"] == "TemplateNameTaken"
+        assert f"{name}-ch" in warning["note"]
     stored = cluster.rest.get(f"{path}/{name}-ch")
     assert names.DOMAIN_LABEL not in (stored["metadata"].get("labels") or {})
     assert stored["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]
+
+
+class DoublePostApi(ControllerApi):
+    """POSTs each clique object twice, as a pass does whose cache has not caught up with
+    the object an earlier pass created: the second is the API server's real 409."""
+
+    doubled = 0
+
+    def write(self, method: str, path: str, body: Any = None, **kw: Any) -> Obj:
+        done = super().write(method, path, body, **kw)
+        if method == "POST" and path.endswith(f"/{names.CLIQUE_PLURAL}"):
+            self.doubled += 1
+            super().write(method, path, body, **kw)
+        return done
+
+
+def test_a_clique_posted_again_before_the_cache_has_it_does_not_fail_the_pass(
+    cluster: Cluster, cluster_namespace: str, setup: tuple[str, str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
+    namespace, kubeconfig = setup
+    name = unique("again")
+    created = cluster.rest.create(
+        f"{CD_API}/namespaces/{cluster_namespace}/{names.DOMAIN_PLURAL}",
+        domain(name, f"{name}-ch"),
+    )
+    uid = created["metadata"]["uid"]
+    # A daemon pod as the DaemonSet would make it, bound and Ready in clique 7.
+    pod = cluster.rest.create(f"/api/v1/namespaces/{namespace}/pods", {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": unique("daemon"), "labels": {names.DOMAIN_LABEL: uid}},
+        "spec": {"nodeName": unique("ghost"), "containers": [{"name": "c", "image": "i"}]},
+    })  # fmt: skip
+    play_kubelet(cluster, pod, CLIQUE, "10.55.0.1")
+    api = DoublePostApi(kubeauth.kubeconfig(kubeconfig))
+    settings = ControllerSettings(
+        daemon=objects.DaemonSettings(namespace=namespace, image="img:test"), resync_s=60.0
+    )
+    controller = Controller(api, settings)
+    stop = threading.Event()
+    thread = threading.Thread(target=controller.run, args=(stop,), daemon=True)
+    path = f"{CD_API}/namespaces/{cluster_namespace}/{names.DOMAIN_PLURAL}/{name}"
+    with caplog.at_level("WARNING"):
+        thread.start()
+        try:
+            ready = wait_for(lambda: (d := cluster.rest.get(path)).get("status", {}).get(
+                "status") == "Ready" and d, what="the domain Ready")  # fmt: skip
+        finally:
+            stop.set()
+            thread.join(10)
+            api.close()
+            cluster.rest.delete(f"/api/v1/namespaces/{namespace}/pods/{pod['metadata']['name']}")
+            force_delete_terminating(cluster, namespace)
+    assert api.doubled == 1  # one clique, POSTed twice: the second answered 409
+    assert [n["name"] for n in ready["status"]["nodes"]] == [pod["spec"]["nodeName"]]
+    failed = [r for r in caplog.records if "reconcile failed" in r.getMessage()
+              and name in str(getattr(r, "key", ""))]  # fmt: skip
+    assert not failed, [r.__dict__ for r in failed]
+    assert controller.failed is None

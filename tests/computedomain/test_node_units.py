@@ -168,3 +168,34 @@ def test_the_plugin_refuses_a_node_name_kubernetes_would_refuse(node: str) -> No
     with pytest.raises(SettingsError, match=r"--node-name \(DRA_NODE_NAME\) is .*expected a "
                        r"Kubernetes node name \(lower-case DNS subdomain"):  # fmt: skip
         run(args)
+
+
+@pytest.mark.parametrize(
+    ("flag", "says"),
+    [
+        ("--rolling-update-uid=../x", r"--rolling-update-uid \(DRA_ROLLING_UPDATE_UID\) is "
+         r"'\.\./x': expected a pod UID"),
+        ("--rolling-update-uid=" + "a" * 64, r"--rolling-update-uid .* expected a pod UID"),
+        ("--namespace=Dra_Driver", r"--namespace \(DRA_NAMESPACE\) is 'Dra_Driver'"),
+        ("--health-port=70000", None),
+    ],
+    ids=["uid-path", "uid-long", "namespace", "port"],
+)  # fmt: skip
+def test_the_plugin_refuses_what_the_gpu_plugin_refuses(
+    flag: str, says: str | None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The rolling-update UID names socket files: checked as the GPU plugin checks it,
+    before anything touches the host; the shared flags parse alike (a bad port)."""
+    from dra_driver.cli import build_parser
+    from dra_driver.commands.compute_domain_plugin import run
+    from dra_driver.settings import SettingsError
+
+    argv = ["compute-domain-plugin", "--node-name=n1", "--namespace=dra-driver", flag]
+    if says is None:
+        with pytest.raises(SystemExit):
+            build_parser(environ={}).parse_args(argv)
+        assert "is not a port" in capsys.readouterr().err
+        return
+    args = build_parser(environ={}).parse_args(argv)
+    with pytest.raises(SettingsError, match=says):
+        run(args)

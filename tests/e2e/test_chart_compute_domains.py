@@ -48,6 +48,37 @@ def test_the_controller_gets_the_chart_s_image_namespace_and_daemon_account(helm
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
 
 
+def test_replicas_elect_a_leader_and_are_probed_on_the_health_port(helm: Path) -> None:
+    """Replicas > 1 render with leader election on and a rolling update that keeps one
+    running; both probes ask the port the command serves them on."""
+    from dra_driver.cli import build_parser
+
+    objs = render(helm, "--set", "computeDomains.controller.replicas=3",
+                  "--set", "computeDomains.controller.healthPort=9440",
+                  "--set", "computeDomains.controller.leaseDurationSeconds=30")  # fmt: skip
+    spec = deployment(objs)["spec"]
+    assert spec["replicas"] == 3
+    assert spec["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+    (container,) = spec["template"]["spec"]["containers"]
+    env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
+    args = build_parser(environ={**env, "DRA_NAMESPACE": "x"}).parse_args(container["args"])
+    assert (args.leader_elect, args.lease_duration, args.health_port) == (True, 30.0, 9440)
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    for probe in ("livenessProbe", "readinessProbe"):
+        assert ports[container[probe]["httpGet"]["port"]] == 9440
+    rules = [r for o in objs if o["kind"] in ("Role", "ClusterRole")
+             and o["metadata"]["name"].endswith("compute-domain-controller")
+             for r in o["rules"]]  # fmt: skip
+    leases = [r for r in rules if r["resources"] == ["leases"]]
+    assert {v for r in leases for v in r["verbs"]} == {"create", "get", "update"}
+    assert all(r.get("resourceNames") == ["compute-domain-controller"]
+               for r in leases if r["verbs"] != ["create"])  # fmt: skip
+    (events,) = [r for r in rules if r["resources"] == ["events"]]
+    assert (events["apiGroups"], events["verbs"]) == (["events.k8s.io"], ["create"])
+
+
 def test_compute_domains_can_be_left_out_but_their_crds_stay(helm: Path) -> None:
     on = render(helm)
     off = render(helm, "--set", "computeDomains.enabled=false")
@@ -66,7 +97,9 @@ def test_compute_domains_can_be_left_out_but_their_crds_stay(helm: Path) -> None
 @pytest.mark.parametrize(
     "setting",
     ["computeDomains.controller.workers=0", "computeDomains.controller.resyncIntervalSeconds=0",
-     "computeDomains.enabled=maybe", "computeDomains.controller.replicas=2"],
+     "computeDomains.enabled=maybe", "computeDomains.controller.replicas=0",
+     "computeDomains.controller.leaseDurationSeconds=2",
+     "computeDomains.controller.healthPort=0"],
 )  # fmt: skip
 def test_schema_rejects_bad_compute_domain_values(helm: Path, setting: str) -> None:
     result = run_helm(helm, "template", "x", str(CHART), "--set", setting)

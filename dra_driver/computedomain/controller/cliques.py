@@ -2,7 +2,7 @@
 
 Each daemon pod says where it runs (``spec.nodeName``), its address (``status.podIP``),
 its clique (the ``CLIQUE_LABEL`` its daemon puts on it once; an empty value means the
-node's GPUs are in no clique, and the node is a clique of its own, ``none-<node>``) and
+node's GPUs are in no clique, and the node is a clique of its own, :func:`names.no_clique_id`) and
 whether it is Ready (its readiness probe asks ``nvidia-imex-ctl``). A pod that has not
 labelled itself yet is in no clique yet.
 
@@ -38,7 +38,7 @@ def daemon_of(pod: Obj) -> Daemon | None:
     labels = pod.get("metadata", {}).get("labels") or {}
     if not node or names.CLIQUE_LABEL not in labels:
         return None
-    clique_id = labels[names.CLIQUE_LABEL] or f"none-{node}"
+    clique_id = labels[names.CLIQUE_LABEL] or names.no_clique_id(node)
     conditions = pod.get("status", {}).get("conditions") or []
     ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
     ip = str(pod.get("status", {}).get("podIP") or "")

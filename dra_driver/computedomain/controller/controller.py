@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from dra_driver.computedomain import names
 from dra_driver.computedomain.controller import reconciling
+from dra_driver.computedomain.controller.events import EventRecorder, EventType
 from dra_driver.computedomain.controller.informers import Informer, key_of
 from dra_driver.computedomain.controller.kubeapi import ControllerApi, Obj, Resource
 from dra_driver.computedomain.controller.objects import DaemonSettings
@@ -39,8 +40,42 @@ class ControllerSettings:
     """Every cached object is looked at again this often (seconds)."""
 
 
+@dataclass(frozen=True)
+class Health:
+    """What the probes answer (:class:`~dra_driver.plugin.healthz.HealthServer`)."""
+
+    failed: str = ""
+    """Why a reconcile worker died ("" while none did)."""
+    lease_ok: bool = True
+    """False once a leader has gone past its renew deadline."""
+    leading: bool = True
+    synced: bool = False
+
+    @property
+    def alive(self) -> bool:
+        return not self.failed and self.lease_ok
+
+    @property
+    def ready(self) -> bool:
+        """A standby is ready (a rolling update waits for it, and it takes over when the
+        leader goes); the leader once its caches hold every object."""
+        return self.alive and (self.synced or not self.leading)
+
+    @property
+    def problems(self) -> list[str]:
+        out = [f"reconcile worker died: {self.failed}"] if self.failed else []
+        if not self.lease_ok:
+            out.append("leader lease not renewed in time")
+        if self.leading and not self.synced:
+            out.append("caches not synced yet")
+        return out
+
+
 class Controller:
-    def __init__(self, api: ControllerApi, settings: ControllerSettings) -> None:
+    def __init__(
+        self, api: ControllerApi, settings: ControllerSettings,
+        events: EventRecorder | None = None,
+    ) -> None:  # fmt: skip
         self.api = api
         self._settings = settings
         self._queue: WorkQueue[WorkKey] = WorkQueue()
@@ -69,7 +104,8 @@ class Controller:
             pods=informer(reconciling.PODS, self._child_changed, ns),
             nodes=informer(reconciling.NODES, self._child_changed),
         )
-        self._reconciler = reconciling.Reconciler(api, self.caches, settings.daemon)
+        self._reconciler = reconciling.Reconciler(api, self.caches, settings.daemon,
+                                                  events=events)  # fmt: skip
 
     # -- events to keys -------------------------------------------------------------
 
@@ -132,6 +168,12 @@ class Controller:
             self.failed = exc
             self._stop.set()
 
+    def _domain_event(self, key: WorkKey, type_: EventType, reason: str, note: str) -> None:
+        kind, namespace, name = key
+        obj = self.caches.domains.get((namespace, name)) if kind == "domain" else None
+        if obj is not None:
+            self._reconciler.event(obj, type_, reason, "Reconcile", note)
+
     def _process(self, key: WorkKey) -> None:
         kind, first, second = key
         try:
@@ -146,10 +188,12 @@ class Controller:
             delay = min(0.1 * 2 ** (failures - 1), MAX_BACKOFF_S)
             what = {"key": "/".join(filter(None, key)), "error": str(exc), "retry_s": delay}
             logger.warning("reconcile failed; retrying", extra=what)
+            self._domain_event(key, "Warning", "ReconcileFailed", f"{exc}; retrying")
             self._queue.add_after(key, delay)
             return
         except ValueError as exc:  # a domain the schema let through but we cannot use
             logger.error("domain refused", extra={"key": "/".join(key[1:]), "error": str(exc)})
+            self._domain_event(key, "Warning", "InvalidSpec", str(exc))
             return
         self._queue.failures(key, False)
         if again is not None:

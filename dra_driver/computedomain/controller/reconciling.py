@@ -25,6 +25,7 @@ from functools import partial
 from dra_driver.computedomain import names
 from dra_driver.computedomain.controller import cliques as cliquing
 from dra_driver.computedomain.controller import objects
+from dra_driver.computedomain.controller.events import EventRecorder, EventType
 from dra_driver.computedomain.controller.informers import Informer, Key
 from dra_driver.computedomain.controller.kubeapi import ControllerApi, Obj, Resource
 from dra_driver.logs import ContextLogger
@@ -71,8 +72,10 @@ class Reconciler:
         settings: objects.DaemonSettings,
         *,
         clock: Callable[[], float] = time.monotonic,
+        events: EventRecorder | None = None,
     ) -> None:
         self._api = api
+        self._events = events
         self._caches = caches
         self._settings = settings
         self._clock = clock
@@ -96,24 +99,48 @@ class Reconciler:
                 return WAIT_S
             self._set_finalizers(obj, [f for f in finalizers if f != names.FINALIZER])
             log.info("domain torn down; finalizer removed")
+            self.event(obj, "Normal", "TornDown", "Delete",
+                       "daemons, templates, cliques and node labels removed")  # fmt: skip
             return None
         if names.FINALIZER not in finalizers:
             self._set_finalizers(obj, [*finalizers, names.FINALIZER])
-        self._ensure(self._caches.templates, objects.workload_template(domain), TEMPLATES)
+        self._ensure(obj, self._caches.templates, objects.workload_template(domain), TEMPLATES)
         self._ensure(
-            self._caches.templates, objects.daemon_template(domain, self._settings), TEMPLATES
+            obj, self._caches.templates, objects.daemon_template(domain, self._settings), TEMPLATES
         )
-        self._ensure(self._caches.daemonsets, objects.daemonset(domain, self._settings), DAEMONSETS)
+        self._ensure(
+            obj, self._caches.daemonsets, objects.daemonset(domain, self._settings), DAEMONSETS
+        )
         entries, waiting, unbound = self._sync_cliques(domain.uid)
         status = cliquing.domain_status(entries, waiting, unbound)
         path = DOMAINS.item(domain.namespace, domain.name, "status")
+        before = (obj.get("status") or {}).get("status")
         if status != obj.get("status") and self._write_once(
             f"status/{domain.uid}", status,
             lambda: self._api.merge_patch(path, {"status": status}),
         ):  # fmt: skip
             log.info("status written", extra={"status": status["status"],
                                               "nodes": len(status["nodes"])})  # fmt: skip
+            if status["status"] != before and (before or status["status"] == cliquing.READY):
+                self._status_event(obj, status, len(entries))
         return None
+
+    def event(self, domain: Obj, type_: EventType, reason: str, action: str, note: str) -> None:
+        """An Event on ``domain`` (best effort; see :mod:`.events`)."""
+        if self._events is not None:
+            self._events.record(domain, type_, reason, action, note)
+
+    def _status_event(self, obj: Obj, status: Obj, cliques: int) -> None:
+        nodes = status["nodes"]
+        if status["status"] == cliquing.READY:
+            note = f"every daemon Ready: {len(nodes)} nodes in {cliques} cliques"
+            self.event(obj, "Normal", "Ready", "Reconcile", note)
+            return
+        late = sorted(str(n["name"]) for n in nodes if n["status"] != cliquing.READY)
+        note = f"{len(late)} of {len(nodes)} daemons not Ready: {', '.join(late[:5])}"
+        self.event(
+            obj, "Warning", "NotReady", "Reconcile", note + (", ..." if len(late) > 5 else "")
+        )
 
     def _set_finalizers(self, obj: Obj, finalizers: list[str]) -> None:
         meta = obj["metadata"]
@@ -121,7 +148,7 @@ class Reconciler:
                               "resourceVersion": meta["resourceVersion"]}}  # fmt: skip
         self._api.merge_patch(DOMAINS.item(meta["namespace"], meta["name"]), patch)
 
-    def _ensure(self, cache: Informer, want: Obj, resource: Resource) -> None:
+    def _ensure(self, domain: Obj, cache: Informer, want: Obj, resource: Resource) -> None:
         meta = want["metadata"]
         if cache.get((meta["namespace"], meta["name"])) is not None:
             return
@@ -135,10 +162,16 @@ class Reconciler:
         except ConflictError:  # there already: the cache had not caught up, or not ours
             if self._foreign(resource, want):
                 self._memo[what] = (True, self._clock())  # ask again after MEMO_S only
+                self.event(domain, "Warning", "TemplateNameTaken", "Create",
+                           f"{want['kind']} {meta['namespace']}/{meta['name']} exists and is "
+                           "not this domain's; delete the domain and name another template "
+                           "in spec.channel.resourceClaimTemplate.name")  # fmt: skip
             return
         if wrote:
             where = {"namespace": meta["namespace"], "object": meta["name"]}
             logger.info("created", extra={"kind": want["kind"], **where, "uid": _uid_of(want)})
+            self.event(domain, "Normal", "Created", "Create",
+                       f"created {want['kind']} {meta['namespace']}/{meta['name']}")  # fmt: skip
 
     def _foreign(self, resource: Resource, want: Obj) -> bool:
         """True, and said once, when an object of that name exists that is not this
@@ -176,9 +209,15 @@ class Reconciler:
         for clique_id, daemons in want.items():
             name = objects.clique_name(uid, clique_id)
             if name not in held:
+                seen = self._memo.get(f"clique/{name}")
+                if seen is not None and self._clock() - seen[1] < MEMO_S:
+                    continue  # created a moment ago; its arrival in the cache brings a pass
                 body = objects.clique(uid, clique_id, namespace, daemons)
                 post = partial(self._api.write, "POST", CLIQUES.collection(namespace), body)
-                self._write_once(f"clique/{name}", daemons, post)
+                try:
+                    self._write_once(f"clique/{name}", daemons, post)
+                except ConflictError:  # there already, the cache behind: as above
+                    self._memo[f"clique/{name}"] = (None, self._clock())
             elif current.get(clique_id) != daemons:
                 path = CLIQUES.item(namespace, name)
                 patch = partial(self._api.merge_patch, path, {"daemons": daemons})

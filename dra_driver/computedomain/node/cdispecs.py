@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+from dra_driver.computedomain import names
 from dra_driver.computedomain.names import CHANNEL_DIR, MAX_CHANNELS
 from dra_driver.computedomain.node.config import ChannelConfig
 from dra_driver.computedomain.node.hostinfo import ImexHost
@@ -42,8 +43,9 @@ def channel_spec(kind: str, device_name: str, config: ChannelConfig, major: int)
 
 
 def daemon_clique(host: ImexHost, node_name: str) -> str:
-    """The daemon's clique: the node's, or ``none-<node>`` (a one-node clique) without one."""
-    return host.clique_id or f"none-{node_name}"
+    """The daemon's clique: the node's, or :func:`~dra_driver.computedomain.names.no_clique_id`
+    (a one-node clique) without one."""
+    return host.clique_id or names.no_clique_id(node_name)
 
 
 def daemon_spec(
