@@ -39,10 +39,10 @@ def prioritize(view: ClusterView, args: Mapping[str, Any]) -> list[dict[str, Any
     names = node_names(args)
     states = view.states(names)
     cpu, mem, request = view.pod_request(pod)
-    demands: dict[object, Demand] = {}
+    demands: dict[int | None, Demand] = {}
 
     def demand(gpu: Gpu | None) -> Demand:
-        key = None if gpu is None else tuple(sorted(gpu.capacity.items()))
+        key = None if gpu is None else id(gpu.capacity)  # one mapping per model (the view)
         if key not in demands:
             demands[key] = demand_on(cpu, mem, request, gpu)
         return demands[key]

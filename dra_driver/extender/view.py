@@ -75,11 +75,14 @@ class ClusterView:
         self._slices: dict[str, dict[str, list[Gpu]]] = {}
         """node -> slice name -> its GPUs."""
         self._slice_node: dict[str, str] = {}
+        self._capacities: dict[tuple[tuple[str, Fraction], ...], dict[str, Fraction]] = {}
         self._claims: dict[str, Obj] = {}
         self._results: dict[str, list[tuple[tuple[str, str], dict[str, Fraction]]]] = {}
         """claim key -> its allocated devices and what each consumed ({}: all of it)."""
         self._used: dict[tuple[str, str], dict[str, Fraction]] = {}
         self._whole: Counter[tuple[str, str]] = Counter()
+        self._free_of: dict[tuple[str, str], int] = {}
+        """Thousandths free per device, dropped when a claim on it changes."""
         self._seen: Counter[Demand] = Counter()
         self._since_rebuild = 0
         self._scorer = Scorer(Workload(()))
@@ -160,12 +163,16 @@ class ClusterView:
             if kind != "gpu":
                 continue
             caps = {k: parse(v.get("value", "0")) for k, v in (d.get("capacity") or {}).items()}
+            # One mapping per distinct capacity: a request resolves a pod's demand once
+            # per GPU model, by the mapping's identity.
+            caps = self._capacities.setdefault(tuple(sorted(caps.items())), caps)
             gpus.append(Gpu(pool, d.get("name", ""), caps))
         self._slice_node[name] = spec["nodeName"]
         self._slices.setdefault(spec["nodeName"], {})[name] = gpus
 
     def _claim(self, key: str, obj: Obj, gone: bool) -> None:
         for dev, consumed in self._results.pop(key, []):
+            self._free_of.pop(dev, None)
             if not consumed:
                 self._whole[dev] -= 1
                 continue
@@ -184,6 +191,7 @@ class ClusterView:
             dev = (r.get("pool", ""), r.get("device", ""))
             consumed = {k: parse(q) for k, q in (r.get("consumedCapacity") or {}).items()}
             results.append((dev, consumed))
+            self._free_of.pop(dev, None)
             if not consumed:
                 self._whole[dev] += 1
                 continue
@@ -197,13 +205,17 @@ class ClusterView:
 
     def _free(self, gpu: Gpu) -> int:
         dev = (gpu.pool, gpu.name)
+        known = self._free_of.get(dev)
+        if known is not None:
+            return known
+        free = FULL
         if self._whole.get(dev, 0) > 0:
-            return 0
-        sums = self._used.get(dev)
-        if not sums:
-            return FULL
-        fractions = [v / gpu.capacity[k] for k, v in sums.items() if gpu.capacity.get(k)]
-        return FULL - min(FULL, math.floor(FULL * max(fractions, default=Fraction(0))))
+            free = 0
+        elif sums := self._used.get(dev):
+            fractions = [v / gpu.capacity[k] for k, v in sums.items() if gpu.capacity.get(k)]
+            free = FULL - min(FULL, math.floor(FULL * max(fractions, default=Fraction(0))))
+        self._free_of[dev] = free
+        return free
 
     def states(self, nodes: Iterable[str]) -> dict[str, tuple[NodeState, Gpu | None]]:
         """Each known node's state and its first GPU (None without GPUs)."""

@@ -24,6 +24,8 @@ from dataclasses import dataclass
 
 FULL = 1000
 """Thousandths in one GPU."""
+CACHED = 200_000
+"""Entries per memo of a :class:`Scorer` (emptied when full): bounds its memory."""
 MAX_PRIORITY = 10
 """kube-scheduler's ``MaxExtenderPriority``: extender scores run 0..10."""
 
@@ -127,6 +129,8 @@ class Scorer:
         self._rows = tuple(rows)
         self._groups = tuple(Demand(0, 0, gpus, share) for gpus, share in groups)
         self._unusable: dict[tuple[int, ...], tuple[int, ...]] = {}
+        self._increases: dict[tuple[NodeState, Demand], float | None] = {}
+        """Most nodes keep their state from one pod to the next, and pods repeat."""
 
     def fragmentation(self, node: NodeState) -> float:
         """Expected free thousandths a workload pod could not use on ``node``."""
@@ -136,25 +140,32 @@ class Scorer:
         table = self._unusable.get(node.free)
         if table is None:
             table = tuple(unusable(node.free, g) for g in self._groups)
+            if len(self._unusable) >= CACHED:
+                self._unusable.clear()
             self._unusable[node.free] = table
         cpu, memory = node.cpu_free, node.memory_free
         frag = 0.0
         for c, m, g, group, weight in self._rows:
             usable = total - table[group]
-            if c:
-                usable = min(usable, cpu // c * g)
-            if m:
-                usable = min(usable, memory // m * g)
+            if c and cpu // c * g < usable:
+                usable = cpu // c * g
+            if m and memory // m * g < usable:
+                usable = memory // m * g
             frag += weight * (total - usable)
         return frag
 
     def increase(self, node: NodeState, demand: Demand) -> float | None:
         """How much placing ``demand`` on ``node`` raises its fragmentation; None when
         it does not fit there."""
+        key = (node, demand)
+        if key in self._increases:
+            return self._increases[key]
         after = first_fit(node, demand)
-        if after is None:
-            return None
-        return self.fragmentation(after) - self.fragmentation(node)
+        value = None if after is None else self.fragmentation(after) - self.fragmentation(node)
+        if len(self._increases) >= CACHED:
+            self._increases.clear()
+        self._increases[key] = value
+        return value
 
 
 def priorities(increases: Sequence[float | None]) -> list[int]:
