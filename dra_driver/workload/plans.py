@@ -125,8 +125,10 @@ def _settings(published: Published, settings: PlanSettings) -> dict[str, Any]:
     out = published.settings()
     if settings.scoring == "fragmentation":
         chart = dict(out.get("chart") or {})
-        chart["scoringExtender"] = {"enabled": True, "weight": settings.scoring_weight}
-        out = {**out, "chart": chart}
+        chart["scoringExtender"] = {"enabled": True}
+        scheduler = ("extenders: deploy/scheduler/scoring-extender.yaml's entry, "
+                     f"weight {settings.scoring_weight}")  # fmt: skip
+        out = {**out, "chart": chart, "scheduler": scheduler}
     return out
 
 
