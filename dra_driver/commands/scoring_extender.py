@@ -36,10 +36,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--driver", default="gpu.nvidia.com",
         help="driver whose GPUs are scored (default %(default)s)",
     )  # fmt: skip
-    parser.add_argument(
-        "--port-file", type=Path, default=None,
-        help="write the port served to this file once listening (tests, port 0)",
-    )  # fmt: skip
 
 
 class SettingsError(DriverError):
@@ -75,8 +71,6 @@ def run(args: argparse.Namespace) -> int:
         signal.signal(signum, on_signal)
     watcher.start()
     server.start()
-    if args.port_file is not None:
-        args.port_file.write_text(f"{server.port}\n")
     try:
         stop.wait()
     finally:

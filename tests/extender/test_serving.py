@@ -164,3 +164,13 @@ def test_healthz_waits_for_every_list(url: str, view: ClusterView) -> None:
 def test_unknown_paths_and_verbs(url: str) -> None:
     code, answer = _post(f"{url}/filter", b"{}")
     assert code == 404 and "prioritize" in answer["error"]
+
+
+@pytest.mark.parametrize("address", ["8888", "host:port", "0.0.0.0:70000"])
+def test_a_bad_bind_address_is_refused_naming_the_flag(
+    capsys: pytest.CaptureFixture[str], address: str
+) -> None:
+    from dra_driver.cli import main
+
+    assert main(["scoring-extender", "--bind-address", address]) == 2
+    assert "--bind-address (DRA_BIND_ADDRESS)" in capsys.readouterr().err
