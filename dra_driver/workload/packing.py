@@ -7,7 +7,8 @@ nodes (all below 100 nodes, else ``max(100, N x max(5, 50 - N/125) %)``); a node
 feasible when the pod's CPU and memory fit and its claim can be allocated there; the
 feasible nodes are scored by ``NodeResourcesFit`` (``LeastAllocated``, CPU and memory)
 plus ``NodeResourcesBalancedAllocation`` (the other default plugins score these pods
-alike), and the best wins, ties at random (seeded). The claim's devices are then chosen
+alike), plus, with :class:`Scoring`, the scoring extender's fragmentation score as
+kube-scheduler adds it; the best wins, ties at random (seeded). The claim's devices are then chosen
 by :class:`~dra_driver.allocation.allocator.Attempt` (first fit, as the scheduler's
 allocator), on the same slices the driver publishes.
 
