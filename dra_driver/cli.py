@@ -73,6 +73,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "dra_driver.commands.plan",
         "GPUs needed and allocation rate of a workload trace under each sharing mode",
     ),
+    "scoring-extender": (
+        "dra_driver.commands.scoring_extender",
+        "serve kube-scheduler a scoring extender that ranks nodes by GPU fragmentation",
+    ),
 }
 """Command name -> (module, help), in the order ``--help`` lists them. Each module
 defines ``add_arguments(parser)`` and ``run(args) -> int``."""

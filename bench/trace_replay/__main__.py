@@ -5,6 +5,7 @@ through a real kube-scheduler with the driver's slices; prints the allocation ra
     python -m bench.trace_replay --mode consumable --seed 42 --subset 10 -o json
     python -m bench.trace_replay --mode consumable --subset 10 \
         --scheduler-config deploy/scheduler/gpu-packing.yaml --scheduler-name gpu-packing
+    python -m bench.trace_replay --mode consumable --subset 10 --extender
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import tempfile
 from pathlib import Path
 
 from bench.fleet.run import CLIENT_BURST, CLIENT_QPS
+from bench.trace_replay.extending import ExtenderProcess, free_port, with_extender
 from bench.trace_replay.replaying import ReplaySettings, replay
 from dra_driver.devcluster import BinariesError, Cluster, ClusterOptions, find_binaries
 from dra_driver.devcluster.schedconfig import DEFAULT_SCHEDULER, read_scheduler_config
@@ -69,6 +71,19 @@ def parser() -> argparse.ArgumentParser:
         help="the profile the pods select (spec.schedulerName); one of the config's "
         f"profiles (default {DEFAULT_SCHEDULER})",
     )
+    p.add_argument(
+        "--extender",
+        action="store_true",
+        help="run the scoring extender (dra-driver scoring-extender) as a host process and "
+        "add deploy/scheduler/scoring-extender.yaml's extenders entry to the scheduler's "
+        "configuration",
+    )
+    p.add_argument(
+        "--extender-weight",
+        type=int,
+        default=None,
+        help="the extender entry's weight (default: the shipped file's)",
+    )
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per batch at most")
     p.add_argument("-o", "--output", choices=("text", "json"), default="text")
     return p
@@ -94,6 +109,11 @@ def main(argv: list[str] | None = None) -> int:
                 f"--scheduler-name {args.scheduler_name}: not a profile of the scheduler's "
                 f"configuration (it has {', '.join(profiles)})"
             )
+        if args.extender_weight is not None and args.extender_weight < 1:
+            raise ValueError(f"--extender-weight {args.extender_weight}: want at least 1")
+        port = free_port() if args.extender else 0
+        if args.extender:
+            sched = with_extender(sched, port, args.extender_weight)
         binaries = find_binaries()
     except (ValueError, OSError, BinariesError) as exc:  # TraceError is a ValueError
         print(f"bench.trace_replay: {exc}", file=sys.stderr)
@@ -112,11 +132,20 @@ def main(argv: list[str] | None = None) -> int:
         tempfile.TemporaryDirectory(prefix="dra-trace-") as work,
         Cluster(binaries, Path(work), options) as cluster,
     ):
+        extender = None
         try:
+            if args.extender:
+                extender = ExtenderProcess(port, cluster.kubeconfig, Path(work) / "extender.log")
+                extender.start()
             run = replay(cluster, nodes, pods, settings, Path(work))
         except (ValueError, RuntimeError) as exc:
             print(f"bench.trace_replay: {exc}", file=sys.stderr)
             return 2
+        finally:
+            if extender is not None:
+                extender.stop()
+        if extender is not None and sched is not None:
+            run.summary["scoring_extender"] = sched.document["extenders"][-1]
     if args.output == "json":
         print(json.dumps(run.summary, indent=2))
     else:

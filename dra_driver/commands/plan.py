@@ -68,6 +68,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="GPUs needed to within this share of the cluster (default 0.02)",
     )
     parser.add_argument(
+        "--scoring",
+        choices=("default", "fragmentation"),
+        default="default",
+        help="node scoring: the stock profile's (default), or with the scoring extender's "
+        "fragmentation score added (chart value scoringExtender.enabled)",
+    )
+    parser.add_argument(
+        "--scoring-weight",
+        type=int,
+        default=3,
+        help="the extender's weight in the scheduler configuration (default 3)",
+    )
+    parser.add_argument(
+        "--all-nodes",
+        action="store_true",
+        help="score every feasible node (percentageOfNodesToScore: 100), not the "
+        "scheduler's default sample",
+    )
+    parser.add_argument(
         "--deviceclasses",
         type=Path,
         default=DEVICECLASSES,
@@ -126,6 +145,8 @@ def run(args: argparse.Namespace) -> int:
         modes = [mode_of(m.strip()) for m in args.modes.split(",") if m.strip()]
         if not modes:
             raise ValueError("--modes: name at least one mode")
+        if args.scoring_weight < 1:
+            raise ValueError(f"--scoring-weight {args.scoring_weight}: want at least 1")
         if not 0 < args.precision < 1:
             raise ValueError(f"--precision {args.precision}: want 0 < precision < 1")
         listed = None
@@ -146,7 +167,14 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, OSError, ModelError, LiveError) as exc:  # TraceError: ValueError
         print(f"dra-driver plan: {exc}", file=sys.stderr)
         return 2
-    settings = PlanSettings(seed=args.seed, scale=args.scale, step=args.precision)
+    settings = PlanSettings(
+        seed=args.seed,
+        scale=args.scale,
+        step=args.precision,
+        scoring=args.scoring,
+        scoring_weight=args.scoring_weight,
+        all_nodes=args.all_nodes,
+    )
     rows = []
     with tempfile.TemporaryDirectory(prefix="dra-plan-") as work:
         for mode in modes:

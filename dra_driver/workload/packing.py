@@ -7,7 +7,8 @@ nodes (all below 100 nodes, else ``max(100, N x max(5, 50 - N/125) %)``); a node
 feasible when the pod's CPU and memory fit and its claim can be allocated there; the
 feasible nodes are scored by ``NodeResourcesFit`` (``LeastAllocated``, CPU and memory)
 plus ``NodeResourcesBalancedAllocation`` (the other default plugins score these pods
-alike), and the best wins, ties at random (seeded). The claim's devices are then chosen
+alike), plus, with :class:`Scoring`, the scoring extender's fragmentation score as
+kube-scheduler adds it; the best wins, ties at random (seeded). The claim's devices are then chosen
 by :class:`~dra_driver.allocation.allocator.Attempt` (first fit, as the scheduler's
 allocator), on the same slices the driver publishes.
 
@@ -44,6 +45,7 @@ from dra_driver.allocation.model import (
 )
 from dra_driver.allocation.state import AllocatedState
 from dra_driver.cel import SelectorEvaluator
+from dra_driver.scoring.fragmentation import MAX_PRIORITY, Demand, NodeState, Scorer, priorities
 from dra_driver.workload.claims import Claims
 from dra_driver.workload.modes import Published, slots_of
 from dra_driver.workload.pools import DRIVER
@@ -73,6 +75,18 @@ class Need:
     """Untouched GPUs."""
 
 
+@dataclass(frozen=True)
+class Scoring:
+    """Node scoring beside the default profile's: the fragmentation extender's
+    (:mod:`dra_driver.scoring.fragmentation`) at ``weight``, as kube-scheduler adds an
+    extender's 0..10 score x weight x 10 to its plugins' sum; ``all_nodes`` models a
+    profile with ``percentageOfNodesToScore: 100``."""
+
+    scorer: Scorer | None = None
+    weight: int = 1
+    all_nodes: bool = False
+
+
 @dataclass
 class Outcome:
     placed: int = 0
@@ -98,8 +112,10 @@ class Packer:
         evaluator: SelectorEvaluator,
         *,
         seed: int = 42,
+        scoring: Scoring | None = None,
     ) -> None:
         self.published = published
+        self.scoring = scoring or Scoring()
         self.claims = Claims(published.mode, published.models)
         self.rng = random.Random(seed)  # noqa: S311 (ties broken as the scheduler does, reproducibly)
         shapes: dict[tuple[str, int], list[tuple[list[Device], dict[str, Any]]]] = {}
@@ -126,6 +142,9 @@ class Packer:
         self.max_free = [FULL if n.gpus else 0 for n in nodes]
         self.whole_free = [n.gpus for n in nodes]
         self.version = [0] * len(nodes)
+        self.touched = [0] * len(nodes)
+        """Bumped whenever a pod lands on the node (its CPU changes too)."""
+        self._increases: list[tuple[int, dict[Demand, float | None]]] = [(-1, {})] * len(nodes)
         self.shapes = [(n.model, n.gpus) for n in nodes]
         self.holding: list[dict[str, tuple[object, ...]]] = [{} for _ in nodes]
         """Per node: device name -> what each allocation of it consumed (its state)."""
@@ -139,7 +158,7 @@ class Packer:
                                     None, False, devices, counters))  # fmt: skip
         self.inventory = Inventory(slices, classes, self.nodes, evaluator)
         self.state = AllocatedState()
-        self.find = feasible_to_find(len(self.nodes))
+        self.find = len(self.nodes) if self.scoring.all_nodes else feasible_to_find(len(self.nodes))
         self.start = 0
         self._specs: dict[str, Claim] = {}
         self._needs: dict[str, Need] = {}
@@ -277,11 +296,38 @@ class Packer:
             self.start = (self.start + visited) % max(1, total)
         if not found:
             return False
+        if self.scoring.scorer is not None and len(found) > 1:
+            found, ties = self._rescore(found, pod, share or {}, whole)
         first = self.rng.choice(ties)
         if self._take(first, pod, claim, key, claim_ref, cpu_s, mem_s):
             return True
         rest = sorted((f for f in found if f[1] != first), key=lambda f: -f[0])
         return any(self._take(i, pod, claim, key, claim_ref, cpu_s, mem_s) for _, i in rest)
+
+    def _rescore(
+        self, found: list[tuple[int, int]], pod: TracePod, share: Mapping[str, int], whole: int
+    ) -> tuple[list[tuple[int, int]], list[int]]:
+        """``found`` with the fragmentation score added, and the best nodes."""
+        scorer = self.scoring.scorer
+        assert scorer is not None
+        increases: list[float | None] = []
+        for _, i in found:
+            demand = Demand(pod.cpu_milli, pod.memory_mib, whole, share.get(self.models[i], 0))
+            seen, known = self._increases[i]
+            if seen != self.touched[i]:
+                known = {}
+                self._increases[i] = (self.touched[i], known)
+            if demand not in known:
+                state = NodeState(tuple(self.free[i]), self.cpu_cap[i] - self.cpu_used[i],
+                                  self.mem_cap[i] - self.mem_used[i])  # fmt: skip
+                known[demand] = scorer.increase(state, demand)
+            increases.append(known[demand])
+        factor = self.scoring.weight * (100 // MAX_PRIORITY)
+        scored = [
+            (v + factor * p, i) for (v, i), p in zip(found, priorities(increases), strict=True)
+        ]
+        best = max(v for v, _ in scored)
+        return scored, [i for v, i in scored if v == best]
 
     def _take(
         self,
@@ -305,6 +351,7 @@ class Packer:
                 self._shared_node[claim_ref] = i
         self.cpu_used[i] += pod.cpu_milli
         self.mem_used[i] += pod.memory_mib
+        self.touched[i] += 1
         self.cpu_scored[i] += cpu_s
         self.mem_scored[i] += mem_s
         return True

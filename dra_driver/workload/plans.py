@@ -22,9 +22,10 @@ from typing import Any
 
 from dra_driver.allocation.model import DeviceClass
 from dra_driver.cel import SelectorEvaluator
+from dra_driver.scoring.fragmentation import Demand, Scorer, Workload
 from dra_driver.workload.drawing import draw_pods, gpu_capacity_milli, resize_nodes
 from dra_driver.workload.modes import Mode, Published, publish_shapes
-from dra_driver.workload.packing import Outcome, Packer
+from dra_driver.workload.packing import Outcome, Packer, Scoring
 from dra_driver.workload.trace import TraceNode, TracePod
 
 UNSCHEDULABLE_MAX = 0.01
@@ -39,6 +40,36 @@ class PlanSettings:
     """Bisection stops when the factor's bracket is this narrow (a share of the cluster)."""
     top: float = 3.0
     """Largest factor tried: a mode that needs more says ``None``."""
+    scoring: str = "default"
+    """``default``: the stock profile's scores; ``fragmentation``: plus the scoring
+    extender's (:mod:`dra_driver.scoring.fragmentation`)."""
+    scoring_weight: int = 3
+    """The extender's ``weight`` in the scheduler configuration."""
+    all_nodes: bool = False
+    """Model ``percentageOfNodesToScore: 100``."""
+
+
+SCORINGS = ("default", "fragmentation")
+
+
+def demand_of(pod: TracePod) -> Demand:
+    """What ``pod`` asks of a node, as the scorer counts it (a share rounded up to the
+    1 % steps of ``computeShare``)."""
+    if pod.is_share:
+        return Demand(pod.cpu_milli, pod.memory_mib, share=10 * -(-pod.gpu_milli // 10))
+    return Demand(pod.cpu_milli, pod.memory_mib, gpus=pod.num_gpu)
+
+
+def scoring_of(settings: PlanSettings, pods: Sequence[TracePod]) -> Scoring:
+    """The packers' scoring for ``settings``; the workload's classes from ``pods``."""
+    if settings.scoring not in SCORINGS:
+        raise ValueError(f"scoring {settings.scoring!r} is unknown; known: {', '.join(SCORINGS)}")
+    if settings.scoring == "default":
+        return Scoring(None, 1, settings.all_nodes)
+    if settings.scoring_weight < 1:
+        raise ValueError(f"scoring weight {settings.scoring_weight}: want at least 1")
+    scorer = Scorer(Workload.of(demand_of(p) for p in pods))
+    return Scoring(scorer, settings.scoring_weight, settings.all_nodes)
 
 
 def _pct(milli: int, capacity: int) -> float:
@@ -62,7 +93,8 @@ def plan_mode(
     capacity = gpu_capacity_milli(nodes)
     draw = draw_pods(pods, capacity, settings.seed)
     published = publish_shapes(resize_nodes(nodes, 1.0), mode, draw.pods, workdir / mode)
-    packer = Packer(nodes, published, classes, evaluator(), seed=settings.seed)
+    scoring = scoring_of(settings, pods)
+    packer = Packer(nodes, published, classes, evaluator(), seed=settings.seed, scoring=scoring)
     first = packer.run(draw.pods[: draw.reached[0]])
     rate_100 = _pct(first.placed_milli, capacity)
     rest = packer.run(draw.pods[draw.reached[0] :])
@@ -71,8 +103,12 @@ def plan_mode(
     if listed is None:
         listed = draw.pods[: draw.reached[0]]
     else:
-        base = Packer(nodes, published, classes, evaluator(), seed=settings.seed).run(listed)
-    needed, tried = _gpus_needed(listed, nodes, published, classes, settings, evaluator, base)
+        base = Packer(
+            nodes, published, classes, evaluator(), seed=settings.seed, scoring=scoring
+        ).run(listed)
+    needed, tried = _gpus_needed(
+        listed, nodes, published, classes, settings, evaluator, base, scoring
+    )
     unschedulable = dict(first.unschedulable)
     for kind, n in rest.unschedulable.items():
         unschedulable[kind] = unschedulable.get(kind, 0) + n
@@ -81,7 +117,8 @@ def plan_mode(
         "gpus_needed": needed,
         "allocation_rate_100": rate_100,
         "allocation_rate_130": rate_130,
-        "settings": published.settings(),
+        "settings": _settings(published, settings),
+        "scoring": settings.scoring,
         "gpus": capacity // 1000,
         "pods": len(draw.pods),
         "unschedulable": unschedulable,
@@ -89,6 +126,18 @@ def plan_mode(
         "clusters_tried": tried,
         "seconds": round(time.monotonic() - began, 1),
     }
+
+
+def _settings(published: Published, settings: PlanSettings) -> dict[str, Any]:
+    """The mode's settings, plus the scoring extender's chart values when scored so."""
+    out = published.settings()
+    if settings.scoring == "fragmentation":
+        chart = dict(out.get("chart") or {})
+        chart["scoringExtender"] = {"enabled": True}
+        scheduler = ("extenders: deploy/scheduler/scoring-extender.yaml's entry, "
+                     f"weight {settings.scoring_weight}")  # fmt: skip
+        out = {**out, "chart": chart, "scheduler": scheduler}
+    return out
 
 
 def _gpus_needed(
@@ -99,6 +148,7 @@ def _gpus_needed(
     settings: PlanSettings,
     evaluator: Callable[[], SelectorEvaluator],
     base: Outcome,
+    scoring: Scoring,
 ) -> tuple[int | None, int]:
     """GPUs of the smallest resized cluster placing ``listed`` with at most 1 %
     unschedulable; None above ``settings.top``. Also how many clusters were packed."""
@@ -106,7 +156,9 @@ def _gpus_needed(
 
     def fits(factor: float) -> tuple[bool, int]:
         resized = resize_nodes(nodes, factor)  # its shapes are among the cluster's
-        packer = Packer(resized, published, classes, evaluator(), seed=settings.seed)
+        packer = Packer(
+            resized, published, classes, evaluator(), seed=settings.seed, scoring=scoring
+        )
         out = packer.run(listed, give_up=int(allowed))
         return not out.stopped and sum(out.unschedulable.values()) <= allowed, sum(
             n.gpus for n in resized

@@ -11,6 +11,8 @@ from tests.trace_replay.test_trace_files import trace_dir
 
 REPLAY_CONSUMABLE_1_20 = (92.84, 94.30)
 """The real-scheduler replay of the same input (docs/trace-replay.md)."""
+REPLAY_EXTENDER_1_20 = (94.89, 95.28)
+"""The same with the scoring extender (docs/trace-replay.md, "Scoring extender")."""
 
 
 def test_plan_gives_each_mode_its_gpus_and_rates_near_the_replay(
@@ -31,12 +33,30 @@ def test_plan_gives_each_mode_its_gpus_and_rates_near_the_replay(
     assert sum(whole["unschedulable_100"].values()) > 0
 
 
+def test_fragmentation_scoring_packs_more_and_names_the_extender(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    base = ["plan", "--trace-dir", str(trace_dir()), "--scale", "0.05", "--modes",
+            "consumable", "-o", "json"]  # fmt: skip
+    assert main(base) == 0
+    (stock,) = json.loads(capsys.readouterr().out)
+    assert main([*base, "--scoring", "fragmentation"]) == 0
+    (scored,) = json.loads(capsys.readouterr().out)
+    assert (stock["scoring"], scored["scoring"]) == ("default", "fragmentation")
+    assert scored["allocation_rate_100"] > stock["allocation_rate_100"] + 1
+    for pct, replayed in zip((100, 130), REPLAY_EXTENDER_1_20, strict=True):
+        assert abs(scored[f"allocation_rate_{pct}"] - replayed) <= 2
+    assert scored["settings"]["chart"]["scoringExtender"] == {"enabled": True}
+    assert "weight 3" in scored["settings"]["scheduler"]
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
         (["--modes", "halves"], "mode 'halves' is unknown; known: whole, consumable"),
         (["--precision", "0"], "--precision 0.0: want 0 < precision < 1"),
         (["--scale", "2"], "scale 2.0: want 0 < scale <= 1"),
+        (["--scoring-weight", "0"], "--scoring-weight 0: want at least 1"),
     ],
 )
 def test_plan_refuses_bad_arguments_naming_them(

@@ -1,0 +1,1 @@
+"""kube-scheduler scoring extender: GPU fragmentation from a watched view (docs/trace-replay.md)."""
