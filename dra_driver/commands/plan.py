@@ -16,6 +16,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from dra_driver.commands.report import add_sources
+
 DEVICECLASSES = Path(__file__).resolve().parents[2] / "deploy" / "deviceclasses"
 
 
@@ -43,13 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     live.add_argument("--kubeconfig", help="kubeconfig file (default: as kubectl finds it)")
     live.add_argument("--context", help="kubeconfig context")
-    usage = live.add_mutually_exclusive_group()
-    usage.add_argument("--prometheus", metavar="URL", help="usage metrics from Prometheus")
-    usage.add_argument(
-        "--scrape", metavar="URL", action="append", help="a plugin's /metrics URL (repeatable)"
-    )
-    usage.add_argument("--recorded", metavar="FILE", type=Path, help="`report --record` window")
-    live.add_argument("--window", type=float, default=3600, help="seconds back (--prometheus)")
+    add_sources(live, required=False)  # the usage metrics, as `dra-driver report` reads them
     live.add_argument("--duration", type=float, default=60, help="seconds to sample (--scrape)")
     live.add_argument(
         "--headroom", type=float, default=1.2, help="usage peak x this is what a pod needs"

@@ -42,14 +42,21 @@ class ReportError(Exception):
     """A source cannot be read; the message says which and why."""
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    source = parser.add_mutually_exclusive_group(required=True)
+def add_sources(
+    parser: argparse.ArgumentParser | argparse._ArgumentGroup, *, required: bool
+) -> None:
+    """Where the usage metrics come from (also ``plan --from-cluster``'s)."""
+    source = parser.add_mutually_exclusive_group(required=required)
     source.add_argument("--prometheus", metavar="URL", help="Prometheus server to query")
     source.add_argument(
         "--scrape", metavar="URL", action="append", help="a plugin's /metrics URL (repeatable)"
     )
     source.add_argument("--recorded", metavar="FILE", type=Path, help="window saved by --record")
     parser.add_argument("--window", type=float, default=3600, help="seconds back (--prometheus)")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_sources(parser, required=True)
     parser.add_argument("--step", type=float, default=60, help="query step seconds (--prometheus)")
     parser.add_argument("--duration", type=float, default=300, help="seconds to sample (--scrape)")
     parser.add_argument("--interval", type=float, default=15, help="seconds between scrapes")
