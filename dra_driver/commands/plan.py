@@ -13,10 +13,16 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dra_driver.commands.report import add_sources
+
+if TYPE_CHECKING:
+    from dra_driver.workload.modes import Mode
+    from dra_driver.workload.plans import PlanSettings
+    from dra_driver.workload.trace import TraceNode, TracePod
 
 DEVICECLASSES = Path(__file__).resolve().parents[2] / "deploy" / "deviceclasses"
 
@@ -89,6 +95,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="directory of the chart's DeviceClass files (default deploy/deviceclasses)",
     )
     parser.add_argument(
+        "--jobs",
+        type=int,
+        help="modes planned at once, one process each (default: one per CPU, at most one per mode)",
+    )
+    parser.add_argument(
         "-o",
         "--output",
         choices=("table", "json"),
@@ -126,12 +137,56 @@ def _table(rows: list[dict[str, Any]]) -> str:
     )
 
 
+def _plan_one(
+    mode: Mode,
+    nodes: Sequence[TraceNode],
+    pods: Sequence[TracePod],
+    deviceclasses: Path,
+    settings: PlanSettings,
+    work: Path,
+    listed: Sequence[TracePod] | None,
+) -> dict[str, Any] | str:
+    """One mode's row, or why it cannot be planned (also run in a worker process, which
+    reads the DeviceClasses itself: parsed ones carry compiled CEL)."""
+    from dra_driver.workload.plans import plan_mode
+
+    logging.getLogger("dra_driver.workload").setLevel(logging.WARNING)
+    try:
+        return plan_mode(mode, nodes, pods, _classes(deviceclasses), settings, work,
+                         listed=listed)  # fmt: skip
+    except ValueError as exc:
+        return str(exc)
+
+
+def _in_processes(
+    jobs: int,
+    modes: Sequence[Mode],
+    nodes: Sequence[TraceNode],
+    pods: Sequence[TracePod],
+    deviceclasses: Path,
+    settings: PlanSettings,
+    work: Path,
+    listed: Sequence[TracePod] | None,
+) -> list[dict[str, Any] | str]:
+    """The modes in ``jobs`` worker processes: each mode is independent and pure Python,
+    so processes, not threads, are what runs them at once (spawned: the parent may hold
+    a kubernetes client's threads)."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
+        futures = [pool.submit(_plan_one, m, nodes, pods, deviceclasses, settings, work, listed)
+                   for m in modes]  # fmt: skip
+        return [f.result() for f in futures]
+
+
 def run(args: argparse.Namespace) -> int:
     from dra_driver.allocation.model import ModelError
     from dra_driver.commands.planlive import LiveError, from_cluster
     from dra_driver.workload.drawing import scale_nodes
     from dra_driver.workload.modes import mode_of
-    from dra_driver.workload.plans import PlanSettings, plan_mode
+    from dra_driver.workload.plans import PlanSettings
     from dra_driver.workload.trace import TRACE_DIR_ENV, read_nodes, read_pods, trace_files
 
     began = time.monotonic()
@@ -159,7 +214,9 @@ def run(args: argparse.Namespace) -> int:
             )
             nodes = scale_nodes(read_nodes(nodes_file), args.scale)
             pods = read_pods(pods_file)
-        classes = _classes(args.deviceclasses)
+        _classes(args.deviceclasses)  # refused here, not in a worker
+        if args.jobs is not None and args.jobs < 1:
+            raise ValueError(f"--jobs {args.jobs}: want at least 1")
     except (ValueError, OSError, ModelError, LiveError) as exc:  # TraceError: ValueError
         print(f"dra-driver plan: {exc}", file=sys.stderr)
         return 2
@@ -171,15 +228,20 @@ def run(args: argparse.Namespace) -> int:
         scoring_weight=args.scoring_weight,
         all_nodes=args.all_nodes,
     )
+    jobs = min(len(modes), args.jobs or os.cpu_count() or 1)
     rows = []
     with tempfile.TemporaryDirectory(prefix="dra-plan-") as work:
-        for mode in modes:
-            try:
-                row = plan_mode(mode, nodes, pods, classes, settings, Path(work), listed=listed)
-                rows.append({**row, "source": source} if source else row)
-            except ValueError as exc:
-                print(f"dra-driver plan: mode {mode}: {exc}", file=sys.stderr)
+        if jobs == 1:
+            results = [_plan_one(m, nodes, pods, args.deviceclasses, settings, Path(work), listed)
+                       for m in modes]  # fmt: skip
+        else:
+            results = _in_processes(jobs, modes, nodes, pods, args.deviceclasses, settings,
+                                    Path(work), listed)  # fmt: skip
+        for mode, row in zip(modes, results, strict=True):
+            if isinstance(row, str):
+                print(f"dra-driver plan: mode {mode}: {row}", file=sys.stderr)
                 return 2
+            rows.append({**row, "source": source} if source else row)
     if args.output == "json":
         print(json.dumps(rows, indent=2))
     else:

@@ -56,6 +56,7 @@ def test_fragmentation_scoring_packs_more_and_names_the_extender(
         (["--modes", "halves"], "mode 'halves' is unknown; known: whole, consumable"),
         (["--precision", "0"], "--precision 0.0: want 0 < precision < 1"),
         (["--scale", "2"], "scale 2.0: want 0 < scale <= 1"),
+        (["--jobs", "0"], "--jobs 0: want at least 1"),
         (["--scoring-weight", "0"], "--scoring-weight 0: want at least 1"),
     ],
 )
@@ -64,3 +65,18 @@ def test_plan_refuses_bad_arguments_naming_them(
 ) -> None:
     assert main(["plan", "--trace-dir", str(trace_dir()), *args]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_modes_planned_in_worker_processes_give_the_rows_of_one_process(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``--jobs``: each mode in its own spawned process, same rows as in this one."""
+    rows = []
+    for jobs in ("1", "2"):
+        argv = ["plan", "--trace-dir", str(trace_dir()), "--scale", "0.03",
+                "--modes", "whole,consumable", "--jobs", jobs, "-o", "json"]  # fmt: skip
+        assert main(argv) == 0
+        rows.append([{k: v for k, v in r.items() if k != "seconds"}
+                     for r in json.loads(capsys.readouterr().out)])  # fmt: skip
+    assert rows[0] == rows[1]
+    assert [r["mode"] for r in rows[1]] == ["whole", "consumable"]
