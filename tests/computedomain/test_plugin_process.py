@@ -1,7 +1,8 @@
 """``dra-driver compute-domain-plugin`` as a process on an emulated node against the real
-API server, under the plugin's node-bound token and the shipped slice policy: it
-serves its own sockets, publishes channel-0 and daemon-0 with the node's clique, lacks
-nothing for readiness but a kubelet's registration, and stops cleanly on SIGTERM."""
+API server, under the plugin's node-bound token and the shipped slice and node-label
+policies: it serves its own sockets, labels its node nvidia.com/gpu.clique, publishes
+channel-0 and daemon-0 with the node's clique, lacks nothing for readiness but a
+kubelet's registration, and stops cleanly on SIGTERM."""
 
 from __future__ import annotations
 
@@ -81,6 +82,9 @@ def test_plugin_registers_publishes_its_devices_and_stops(
             "channel-0": {"type": {"string": "channel"}, "id": {"int": 0}, "cliqueID": clique},
             "daemon-0": {"type": {"string": "daemon"}, "id": {"int": 0}, "cliqueID": clique},
         }
+        # Labelled before it published: pods selecting nvidia.com/gpu.clique find the node.
+        labels = cluster.rest.get(f"/api/v1/nodes/{name}")["metadata"].get("labels") or {}
+        assert labels.get("nvidia.com/gpu.clique") == clique["string"]
         sockets = {p.name for p in (tmp_path / "registry").iterdir()}
         assert sockets == {f"{DRIVER}-reg.sock"}
         assert (tmp_path / "plugins" / DRIVER / "dra.sock").exists()
