@@ -60,6 +60,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(default %(default)g)",
     )
     parser.add_argument(
+        "--clique-node-label",
+        type=_boolean,
+        default=True,
+        help="set nvidia.com/gpu.clique=<clique> on this node while it has a clique, "
+        "as GPU Feature Discovery does; false where GFD runs (default true)",
+    )
+    parser.add_argument(
         "--claim-status",
         type=_boolean,
         default=True,
@@ -107,5 +114,6 @@ def run(args: argparse.Namespace) -> int:
             extra_mounts=tuple(extra),
             ready_wait_s=args.ready_wait,
             health_port=args.health_port,
+            clique_node_label=args.clique_node_label,
         )  # fmt: skip
         return run_plugin(settings, host=host, environ=os.environ)

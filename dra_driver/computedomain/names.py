@@ -31,6 +31,10 @@ DOMAIN_LABEL: Final = "resource.nvidia.com/computeDomain"
 domain's DaemonSet selects on it), and on everything the controller creates."""
 CLIQUE_LABEL: Final = "resource.nvidia.com/computeDomain.cliqueID"
 """On a daemon pod: the clique (``<clusterUUID>.<cliqueId>``) of its node."""
+GPU_CLIQUE_LABEL: Final = "nvidia.com/gpu.clique"
+"""On a node: its clique (``<clusterUUID>.<cliqueId>``), the key NVIDIA's GPU Feature
+Discovery sets and NVIDIA's ComputeDomain examples select nodes by; the plugin sets it
+too, so those manifests schedule on clusters without GFD."""
 FINALIZER: Final = "resource.nvidia.com/computeDomain"
 
 CHANNEL_DEVICE: Final = "channel-0"

@@ -4,6 +4,7 @@ out."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -70,3 +71,21 @@ def test_switches_leave_the_container_and_its_rights_out(helm: Path, switch: str
     (policy,) = [o for o in objs if o["metadata"]["name"].endswith("resourceslices-own-node")
                  and o["kind"] == "ValidatingAdmissionPolicy"]  # fmt: skip
     assert "compute-domain.nvidia.com" not in str(policy["spec"])
+
+
+@pytest.mark.parametrize("on", [True, False])
+def test_clique_label_value_drives_the_flag_and_the_policy(helm: Path, on: bool) -> None:
+    """cliqueNodeLabel=false (GFD owns nvidia.com/gpu.clique): the plugin is told not to
+    write it and the admission policy no longer lets its token write it either."""
+    from dra_driver.cli import build_parser
+
+    objs = render(helm, "--set", f"computeDomains.plugin.cliqueNodeLabel={str(on).lower()}")
+    cd = _pod(objs)["containers"][1]
+    parser = build_parser(environ={"DRA_NODE_NAME": "n1", "DRA_NAMESPACE": "dra-driver"})
+    assert parser.parse_args(cd["args"]).clique_node_label is on
+    (policy,) = [o for o in objs if o["kind"] == "ValidatingAdmissionPolicy"
+                 and o["metadata"]["name"].endswith("compute-domain-node-label")]  # fmt: skip
+    (keys,) = [v["expression"] for v in policy["spec"]["variables"] if v["name"] == "keys"]
+    assert json.loads(keys) == ["resource.nvidia.com/computeDomain"] + (
+        ["nvidia.com/gpu.clique"] if on else []
+    )

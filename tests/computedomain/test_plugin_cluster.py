@@ -2,7 +2,8 @@
 own node-bound ServiceAccount token and the shipped RBAC and admission policies
 (deploy/rbac): a workload's channel prepare labels the node, fails retryably until the
 node's daemon pod is Ready, then yields the channel's CDI spec; unprepare removes the
-label with the domain's last channel claim; the token cannot touch other labels or nodes.
+label with the domain's last channel claim; the node's nvidia.com/gpu.clique follows its
+clique; the token cannot touch other labels or nodes.
 """
 
 from __future__ import annotations
@@ -15,8 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from dra_driver.computedomain.names import DOMAIN_LABEL
+from dra_driver.computedomain.names import DOMAIN_LABEL, GPU_CLIQUE_LABEL
 from dra_driver.computedomain.node.backend import ComputeDomainBackend
+from dra_driver.computedomain.node.cliquelabel import CliqueNodeLabel
+from dra_driver.computedomain.node.kubeapi import NodeLabel
 from dra_driver.devcluster import Cluster
 from dra_driver.emulation.imexhost import IMEX_CHANNELS_MAJOR
 from dra_driver.plugin.claims import PrepareError
@@ -182,6 +185,53 @@ def test_the_token_may_change_only_the_domain_label_of_its_own_node(env: Env) ->
     patch(env.node, {DOMAIN_LABEL: DOMAIN})  # its own label of its own node: allowed
     patch(env.node, {DOMAIN_LABEL: None})
     assert kit.node_label(env.cluster, env.node) is None
+
+
+def _labels(env: Env, node: str) -> dict[str, str]:
+    labels = env.cluster.rest.get(f"/api/v1/nodes/{node}")["metadata"].get("labels") or {}
+    return dict(labels)
+
+
+def test_the_token_may_set_the_clique_label_only_on_its_own_node(env: Env) -> None:
+    merge = "application/merge-patch+json"
+
+    def patch(node: str, labels: dict[str, str | None]) -> None:
+        env.client.request("PATCH", f"/api/v1/nodes/{node}",
+                           body={"metadata": {"labels": labels}}, content_type=merge)  # fmt: skip
+
+    other = _retry_until_enforced(lambda: patch(env.other_node, {GPU_CLIQUE_LABEL: "c.1"}))
+    assert other.status == 422 and "may only change its own Node" in str(other)
+    assert GPU_CLIQUE_LABEL not in _labels(env, env.other_node)
+    for key in ("nvidia.com/gpu.product", "nvidia.com/gpu.clique-x"):
+        foreign = _retry_until_enforced(lambda k=key: patch(env.node, {k: "x"}))  # type: ignore[misc]
+        assert foreign.status == 422 and GPU_CLIQUE_LABEL in str(foreign)
+    patch(env.node, {GPU_CLIQUE_LABEL: "c.1"})  # its own node's clique label: allowed
+    assert _labels(env, env.node)[GPU_CLIQUE_LABEL] == "c.1"
+    patch(env.node, {GPU_CLIQUE_LABEL: None})
+    assert GPU_CLIQUE_LABEL not in _labels(env, env.node)
+
+
+def test_the_token_keeps_the_clique_label_of_its_own_node(env: Env, tmp_path: Path) -> None:
+    """As the plugin does at start: the emulated host's clique becomes the node's
+    nvidia.com/gpu.clique (what NVIDIA's examples select on), and goes with the clique.
+    Runs after the test above, which waits until the admission policy is enforced."""
+    with kit.backend(tmp_path, env.client, env.node) as b:
+        clique = b.host.clique_id
+    assert clique == "8f3a2c61-5d0e-4b7a-9c1e-2f6d8b4a0c17.7"
+    state = tmp_path / "state-clique"
+    state.mkdir()
+    label = CliqueNodeLabel(NodeLabel(env.client, env.node, GPU_CLIQUE_LABEL), state)
+    label.sync(clique)
+    assert _labels(env, env.node)[GPU_CLIQUE_LABEL] == clique
+    label.sync("")
+    assert GPU_CLIQUE_LABEL not in _labels(env, env.node)
+    # a value another writer (GFD, an admin) set is not ours to remove
+    env.cluster.rest.merge_patch(f"/api/v1/nodes/{env.node}",
+                           {"metadata": {"labels": {GPU_CLIQUE_LABEL: "elsewhere.1"}}})  # fmt: skip
+    label.sync("")
+    assert _labels(env, env.node)[GPU_CLIQUE_LABEL] == "elsewhere.1"
+    env.cluster.rest.merge_patch(f"/api/v1/nodes/{env.node}",
+                           {"metadata": {"labels": {GPU_CLIQUE_LABEL: None}}})  # fmt: skip
 
 
 def test_backend_is_a_device_backend() -> None:

@@ -1,7 +1,8 @@
 """``dra-driver compute-domain-plugin`` as a process on an emulated node against the real
-API server, under the plugin's node-bound token and the shipped slice policy: it
-serves its own sockets, publishes channel-0 and daemon-0 with the node's clique, lacks
-nothing for readiness but a kubelet's registration, and stops cleanly on SIGTERM."""
+API server, under the plugin's node-bound token and the shipped slice and node-label
+policies: it serves its own sockets, labels its node nvidia.com/gpu.clique, publishes
+channel-0 and daemon-0 with the node's clique, lacks nothing for readiness but a
+kubelet's registration, and stops cleanly on SIGTERM."""
 
 from __future__ import annotations
 
@@ -81,6 +82,9 @@ def test_plugin_registers_publishes_its_devices_and_stops(
             "channel-0": {"type": {"string": "channel"}, "id": {"int": 0}, "cliqueID": clique},
             "daemon-0": {"type": {"string": "daemon"}, "id": {"int": 0}, "cliqueID": clique},
         }
+        # Labelled before it published: pods selecting nvidia.com/gpu.clique find the node.
+        labels = cluster.rest.get(f"/api/v1/nodes/{name}")["metadata"].get("labels") or {}
+        assert labels.get("nvidia.com/gpu.clique") == clique["string"]
         sockets = {p.name for p in (tmp_path / "registry").iterdir()}
         assert sockets == {f"{DRIVER}-reg.sock"}
         assert (tmp_path / "plugins" / DRIVER / "dra.sock").exists()
@@ -101,3 +105,54 @@ def test_plugin_registers_publishes_its_devices_and_stops(
     assert json.loads((tmp_path / "plugins" / DRIVER / "checkpoint.json").read_text()
                       if (tmp_path / "plugins" / DRIVER / "checkpoint.json").exists()
                       else '{"claims": {}}')["claims"] == {}  # fmt: skip
+
+
+def test_a_restart_without_a_clique_removes_the_clique_label_it_set(
+    cluster: Cluster, short_dir: Path
+) -> None:
+    """The node's clique went away between two runs (same state dir): the second run
+    removes the value the first one set, and the first run had set it at start."""
+    apply_rbac(cluster)
+    node = cluster.create_node(unique("cd-relabel"))
+    name = node["metadata"]["name"]
+    kubeconfig = node_bound_kubeconfig(cluster, node)
+    path = f"/api/v1/nodes/{name}"
+
+    def clique_label() -> str | None:
+        labels = cluster.rest.get(path)["metadata"].get("labels") or {}
+        return labels.get("nvidia.com/gpu.clique")
+
+    def run_until(profile: str, host: str, done: object) -> None:
+        log_path = short_dir / f"{host}.log"
+        argv = [sys.executable, "-m", "dra_driver", "compute-domain-plugin",
+                f"--emulate={profile}", f"--host-root={short_dir / host}",
+                f"--node-name={name}", "--namespace=dra-driver", f"--kubeconfig={kubeconfig}",
+                f"--cdi-dir={short_dir / 'cdi'}", f"--kubelet-registry-dir={short_dir / 'reg'}",
+                f"--kubelet-plugins-dir={short_dir / 'plugins'}",
+                "--claim-status=false"]  # fmt: skip
+        with log_path.open("w") as log:
+            proc = subprocess.Popen(argv, env={**os.environ, "PYTHONPATH": str(REPO)},
+                                    stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+            try:
+                deadline = time.monotonic() + 60
+                while not (our_slices(cluster, DRIVER, name) and clique_label() == done):
+                    assert proc.poll() is None, log_path.read_text()
+                    assert time.monotonic() < deadline, log_path.read_text()
+                    time.sleep(0.2)
+                proc.send_signal(signal.SIGTERM)
+                assert proc.wait(timeout=30) == 0
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+
+    try:
+        run_until("hgx-h100-fabric-clique8", "h1", "8f3a2c61-5d0e-4b7a-9c1e-2f6d8b4a0c17.8")
+        assert (short_dir / "plugins" / DRIVER / "clique-label").exists()
+        run_until("hgx-h100-no-clique", "h2", None)
+        assert not (short_dir / "plugins" / DRIVER / "clique-label").exists()
+    finally:
+        for leftover in our_slices(cluster, DRIVER, name):
+            cluster.rest.delete(
+                f"/apis/resource.k8s.io/v1/resourceslices/{leftover['metadata']['name']}"
+            )
+        cluster.rest.delete(path)

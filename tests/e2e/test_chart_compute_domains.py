@@ -99,7 +99,8 @@ def test_compute_domains_can_be_left_out_but_their_crds_stay(helm: Path) -> None
     ["computeDomains.controller.workers=0", "computeDomains.controller.resyncIntervalSeconds=0",
      "computeDomains.enabled=maybe", "computeDomains.controller.replicas=0",
      "computeDomains.controller.leaseDurationSeconds=2",
-     "computeDomains.controller.healthPort=0"],
+     "computeDomains.controller.healthPort=0",
+     "computeDomains.plugin.cliqueNodeLabel=maybe"],
 )  # fmt: skip
 def test_schema_rejects_bad_compute_domain_values(helm: Path, setting: str) -> None:
     result = run_helm(helm, "template", "x", str(CHART), "--set", setting)

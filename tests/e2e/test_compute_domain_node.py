@@ -3,7 +3,8 @@ DaemonSet (both plugin containers) on an emulated ``hgx-h100-fabric`` node. The 
 the controller's part (it is built separately): it creates the daemon's claim, pod and
 rights and writes the ComputeDomainClique. A workload pod whose channel claim names the
 domain stays ContainerCreating (its node labelled for the domain) while the emulated
-IMEX daemon withholds READY, then runs and sees its channel as a character device;
+IMEX daemon withholds READY, then runs and sees its channel as a character device (it
+selects its node as NVIDIA's examples do, by the nvidia.com/gpu.clique the plugin sets);
 deleting the pods leaves no label, CDI spec or domain directory."""
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from dra_driver.computedomain.names import (
     DAEMON_CONFIG_KIND,
     DOMAIN_LABEL,
     DRIVER_NAME,
+    GPU_CLIQUE_LABEL,
 )
 from dra_driver.demo.realgpu import keep_running
 from dra_driver.demo.realgpupod import RealGpuNodePod
@@ -36,6 +38,11 @@ DOMAIN = "e2e0c0de-5a5a-4b4b-8c8c-0123456789ab"
 CLIQUE = "8f3a2c61-5d0e-4b7a-9c1e-2f6d8b4a0c17.7"
 API = "resource.nvidia.com/v1beta1"
 RESOURCE = "/apis/resource.k8s.io/v1"
+# As NVIDIA's ComputeDomain examples pick nodes: by the clique label GPU Feature Discovery
+# sets, which our plugin sets on this GFD-less node.
+IN_A_CLIQUE = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+    "nodeSelectorTerms": [{"matchExpressions": [
+        {"key": GPU_CLIQUE_LABEL, "operator": "Exists"}]}]}}}  # fmt: skip
 SHOW = "test -c /dev/nvidia-caps-imex-channels/channel0 && ls -l /dev/nvidia-caps-imex-channels"
 
 
@@ -127,6 +134,9 @@ def test_workload_waits_for_the_imex_daemon_then_gets_its_channel(
         if err.status != 409:
             raise
     _classes(cluster)
+    wait_until(lambda: (cluster.rest.get(f"/api/v1/nodes/{node.name}")["metadata"]
+                        .get("labels") or {}).get(GPU_CLIQUE_LABEL) == CLIQUE,
+               timeout=60, what="the plugin's nvidia.com/gpu.clique on its node")  # fmt: skip
     record = node.host_root / "emulation" / "imex.jsonl"
     hold = Path(f"{record}.imex.hold")
     hold.parent.mkdir(parents=True, exist_ok=True)
@@ -143,6 +153,7 @@ def test_workload_waits_for_the_imex_daemon_then_gets_its_channel(
                         "metadata": {"name": "worker", "namespace": ns},
                         "spec": {
                             "restartPolicy": "Never",
+                            "affinity": IN_A_CLIQUE,
                             "resourceClaims": [{"name": "channel", "resourceClaimName": "channel"}],
                             "containers": [
                                 {

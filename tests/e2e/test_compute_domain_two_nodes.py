@@ -23,7 +23,13 @@ from typing import Any
 
 import pytest
 
-from dra_driver.computedomain.names import CLIQUE_LABEL, DOMAIN_LABEL, DOMAIN_PLURAL, DRIVER_NAME
+from dra_driver.computedomain.names import (
+    CLIQUE_LABEL,
+    DOMAIN_LABEL,
+    DOMAIN_PLURAL,
+    DRIVER_NAME,
+    GPU_CLIQUE_LABEL,
+)
 from dra_driver.demo.realgpu import keep_running
 from dra_driver.demo.realgpupod import RealGpuNodePod
 from dra_driver.demo.stack import DEDICATED_TAINT, load_examples
@@ -88,15 +94,21 @@ def controller(cluster: Cluster, cd_nodes: tuple[RealGpuNodePod, RealGpuNodePod]
 
 def on_these_nodes(obj: dict[str, Any], nodes: list[str]) -> dict[str, Any]:
     """The example's pod, allowed onto the two test nodes only (the control plane is
-    shared; the nodes are tainted for that): which one is the scheduler's choice."""
+    shared; the nodes are tainted for that): which one is the scheduler's choice. The
+    example's own node affinity (nvidia.com/gpu.clique Exists, as NVIDIA's examples
+    select nodes; our plugin sets that label) stays: each term gets the hostname too."""
     copy: dict[str, Any] = json.loads(json.dumps(obj))
     if copy["kind"] == "Pod":
         spec = copy["spec"]
         spec["tolerations"] = [{"key": DEDICATED_TAINT, "operator": "Exists"}]
-        term = {"matchExpressions": [
-            {"key": "kubernetes.io/hostname", "operator": "In", "values": nodes}]}  # fmt: skip
-        spec["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
-            "nodeSelectorTerms": [term]}}}  # fmt: skip
+        here = {"key": "kubernetes.io/hostname", "operator": "In", "values": nodes}
+        required = spec["affinity"]["nodeAffinity"][
+            "requiredDuringSchedulingIgnoredDuringExecution"
+        ]
+        assert any(e["key"] == GPU_CLIQUE_LABEL for t in required["nodeSelectorTerms"]
+                   for e in t["matchExpressions"])  # fmt: skip
+        for term in required["nodeSelectorTerms"]:
+            term["matchExpressions"].append(here)
     return copy
 
 

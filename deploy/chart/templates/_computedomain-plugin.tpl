@@ -8,3 +8,12 @@ computeDomains.plugin.enabled. */}}
 true
 {{- end -}}
 {{- end -}}
+
+{{/* "true" when that plugin also keeps nvidia.com/gpu.clique on its node
+(computeDomains.plugin.cliqueNodeLabel, default true; false where GFD sets it). */}}
+{{- define "dra-driver.cliqueNodeLabel" -}}
+{{- $plugin := (.Values.computeDomains | default dict).plugin | default dict -}}
+{{- if and (include "dra-driver.computeDomainPlugin" .) (or (not (hasKey $plugin "cliqueNodeLabel")) $plugin.cliqueNodeLabel) -}}
+true
+{{- end -}}
+{{- end -}}

@@ -1,9 +1,10 @@
-"""The compute-domain plugin's API calls: its own Node's domain label, and its node's
-daemon pods. Through the plugin's :class:`~dra_driver.plugin.kubeclient.KubeClient`.
+"""The compute-domain plugin's API calls: its own Node's domain and clique labels, and
+its node's daemon pods. Through the plugin's :class:`~dra_driver.plugin.kubeclient.KubeClient`.
 
 RBAC (deploy/chart): ``nodes`` ``get`` and ``patch`` (a ValidatingAdmissionPolicy lets a
 plugin's service account change only the :data:`~dra_driver.computedomain.names.
-DOMAIN_LABEL` of the node its token was issued for), ``pods`` ``list`` in the driver's
+DOMAIN_LABEL` and :data:`~dra_driver.computedomain.names.GPU_CLIQUE_LABEL` of the node
+its token was issued for), ``pods`` ``list`` in the driver's
 namespace.
 
 Label changes are merge patches that carry the ``resourceVersion`` the decision was
@@ -30,22 +31,23 @@ class DaemonState:
 
 
 class NodeLabel:
-    """This node's :data:`DOMAIN_LABEL`."""
+    """One label of this node: :data:`DOMAIN_LABEL` unless ``key`` says otherwise."""
 
-    def __init__(self, client: KubeClient, node_name: str) -> None:
+    def __init__(self, client: KubeClient, node_name: str, key: str = DOMAIN_LABEL) -> None:
         self._client = client
         self._node = node_name
+        self._key = key
 
     def _get(self) -> tuple[str | None, str]:
         node = self._client.get_node(self._node)
         meta = node.get("metadata") or {}
-        return (meta.get("labels") or {}).get(DOMAIN_LABEL), str(meta.get("resourceVersion", ""))
+        return (meta.get("labels") or {}).get(self._key), str(meta.get("resourceVersion", ""))
 
     def current(self) -> str | None:
         return self._get()[0]
 
     def _patch(self, value: str | None, resource_version: str) -> None:
-        body: Obj = {"metadata": {"labels": {DOMAIN_LABEL: value},
+        body: Obj = {"metadata": {"labels": {self._key: value},
                                   "resourceVersion": resource_version}}  # fmt: skip
         self._client.request("PATCH", f"/api/v1/nodes/{self._node}", body=body,
                              content_type=_MERGE)  # fmt: skip
@@ -68,7 +70,7 @@ class NodeLabel:
         raise ConflictError(409, "Conflict", f"node {self._node}: label kept changing")
 
     def release(self, domain_id: str) -> None:
-        """Remove the label if it names ``domain_id``; another domain's label stays."""
+        """Remove the label if it is ``domain_id``; another value stays."""
         for _ in range(_ATTEMPTS):
             value, rv = self._get()
             if value != domain_id:

@@ -1,6 +1,7 @@
 """The compute-domain kubelet plugin's composition root: plugin layer, host facts,
-checkpoint, backend; then wait for SIGTERM/SIGINT (stop), SIGHUP (re-read the host:
-a clique registered late is published) or a fatal background failure (exit 1).
+checkpoint, backend, the node's clique label; then wait for SIGTERM/SIGINT (stop),
+SIGHUP (re-read the host: a clique registered late is published and labelled) or a
+fatal background failure (exit 1).
 
 The host (real or emulated, NVML usable) is given by the command edge
 (:mod:`dra_driver.commands.compute_domain_plugin`), which alone reaches the emulator.
@@ -15,8 +16,10 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
+from dra_driver.computedomain.names import GPU_CLIQUE_LABEL
 from dra_driver.computedomain.node.backend import ComputeDomainBackend
 from dra_driver.computedomain.node.checkpoint import CheckpointStore
+from dra_driver.computedomain.node.cliquelabel import CliqueNodeLabel
 from dra_driver.computedomain.node.hostinfo import read_host
 from dra_driver.computedomain.node.kubeapi import DaemonPods, NodeLabel
 from dra_driver.daemon import Fatal, Wakeups
@@ -46,6 +49,8 @@ class ComputeDomainPluginSettings:
     """How long a channel prepare waits for the daemon pod before failing retryably."""
     health_port: int = -1
     """``/healthz`` and ``/readyz``; -1: off."""
+    clique_node_label: bool = True
+    """Keep ``nvidia.com/gpu.clique`` on the node (off where GPU Feature Discovery does)."""
 
 
 class StartError(DriverError):
@@ -95,6 +100,11 @@ def run(settings: ComputeDomainPluginSettings, *, host: HostPaths,
                 extra_mounts=settings.extra_mounts, ready_wait_s=settings.ready_wait_s,
             )  # fmt: skip
             backend.recover()
+            clique_label = (CliqueNodeLabel(NodeLabel(plugin.client, node, GPU_CLIQUE_LABEL),
+                                            settings.state_dir)
+                            if settings.clique_node_label else None)  # fmt: skip
+            if clique_label is not None:
+                clique_label.sync(backend.host.clique_id)
             plugin.attach(backend)
             plugin.start()
             logger.info("compute-domain plugin running", extra={
@@ -110,9 +120,21 @@ def run(settings: ComputeDomainPluginSettings, *, host: HostPaths,
                 if signal.SIGHUP in got:
                     backend.host = read_host(host, nvml)
                     plugin.republish()
+                    if clique_label is not None:
+                        _resync(clique_label, backend.host.clique_id)
     except StartError:
         raise
     except (DriverError, NvmlError, OSError) as exc:
         raise StartError(f"cannot start: {exc}") from exc
     finally:
         wakeups.uninstall()
+
+
+def _resync(label: CliqueNodeLabel, clique_id: str) -> None:
+    """After a re-read: a failed label write is logged, the plugin serves on (the next
+    SIGHUP or restart tries again)."""
+    try:
+        label.sync(clique_id)
+    except DriverError as exc:
+        logger.error("cannot update the node's clique label: %s", exc,
+                     extra={"clique": clique_id})  # fmt: skip
