@@ -103,7 +103,7 @@ def published(
     return pool, claim.minimal.spec, minimal_classes(deviceclasses())
 
 
-def _pod(name: str, claim: str, *, template: bool) -> dict[str, Any]:
+def pod_manifest(name: str, claim: str, *, template: bool) -> dict[str, Any]:
     ref = {"resourceClaimTemplateName" if template else "resourceClaimName": claim}
     return {
         "apiVersion": "v1",
@@ -145,7 +145,7 @@ def _create_pods(
 
     def pod(name: str) -> None:
         pre = settings.precreated
-        body = _pod(name, name if pre else TEMPLATE, template=not pre)
+        body = pod_manifest(name, name if pre else TEMPLATE, template=not pre)
         created[name] = time.monotonic()
         cluster.rest.create(f"/api/v1/namespaces/{NAMESPACE}/pods", body)
 

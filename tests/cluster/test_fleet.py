@@ -23,8 +23,23 @@ from bench.fleet.checks import allocation_problems, published_problems
 from bench.fleet.claims import align_attribute, shape
 from bench.fleet.measure import latencies, rss_bytes
 from bench.fleet.pools import DriverFlags, api_devices, node_pool, slice_problems
-from bench.fleet.run import CLIENT_BURST, CLIENT_QPS, FleetSettings, deviceclasses, run_fleet
-from dra_driver.devcluster import BinariesError, Cluster, ClusterOptions, find_binaries
+from bench.fleet.run import (
+    CLIENT_BURST,
+    CLIENT_QPS,
+    NAMESPACE,
+    TEMPLATE,
+    FleetSettings,
+    deviceclasses,
+    pod_manifest,
+    run_fleet,
+)
+from dra_driver.devcluster import (
+    BinariesError,
+    Cluster,
+    ClusterOptions,
+    find_binaries,
+    wait_until,
+)
 from dra_driver.gpu.hardware.consumable import ConsumableGpus
 from dra_driver.plugin.slices import slice_object, split_pool
 
@@ -89,21 +104,38 @@ def test_minimal_shape_binds_a_full_fleet_of_shared_counter_placements(
 
 @pytest.mark.cluster
 @pytest.mark.parametrize("mode", ["allocated", "scheduled"])
-def test_fill_leaves_exactly_the_rest_of_the_capacity_to_the_timed_pods(
-    capsys: pytest.CaptureFixture[str], mode: str
-) -> None:
-    """Consumable shares, 3 nodes of 32 shares each, 86 filled: of 12 timed pods exactly
-    the 10 shares left bind. With ``allocated`` the fill is claims whose allocation the
-    bench wrote (no pods); the scheduler honours their devices and consumed capacity
-    as its own, and ``--check`` finds no device over-shared between fill and timed."""
-    argv = ["--nodes", "3", "--pods", "12", "--claim", "share:10Gi,25", "--consumable-gpus",
-            "all", "--fill", "0.9", "--fill-mode", mode, "--check", "--timeout", "20",
-            "-o", "json"]  # fmt: skip
-    rc = main(argv)
-    summary = json.loads(capsys.readouterr().out)
-    assert (rc, summary["problems"]) == (0, [])
-    assert (summary["capacity_claims"], summary["fill_pods"], summary["bound"]) == (96, 86, 10)
-    assert summary["fill_mode"] == mode
+def test_fill_leaves_exactly_the_rest_of_the_capacity_to_the_timed_pods(mode: str) -> None:
+    """Consumable shares, 3 nodes of 32 shares each, 86 filled: the 10 timed pods bind and
+    one pod more is unschedulable. With ``allocated`` the fill is claims whose allocation
+    the bench wrote (no pods); the scheduler honours their devices and consumed capacity
+    as its own, and ``--check``'s problems count the fill claims' devices too."""
+    try:
+        binaries = find_binaries()
+    except BinariesError as err:
+        pytest.fail(f"control-plane binaries unavailable: {err}", pytrace=False)
+    options = ClusterOptions(client_qps=CLIENT_QPS, client_burst=CLIENT_BURST)
+    flags = DriverFlags(consumable=ConsumableGpus(all=True))
+    settings = FleetSettings(profile="dgx-h100", nodes=3, pods=10, claim="share:10Gi,25",
+                             fill=0.9, fill_mode=mode, flags=flags, timeout_s=60)  # fmt: skip
+    with (
+        tempfile.TemporaryDirectory(prefix="dra-fleet-fill-") as work,
+        Cluster(binaries, Path(work), options) as cluster,
+    ):
+        run = run_fleet(cluster, settings)
+        summary = run.summary
+        assert (summary["capacity_claims"], summary["fill_pods"], summary["bound"]) == (96, 86, 10)
+        assert summary["fill_mode"] == mode
+        assert allocation_problems(cluster, run) == []
+        extra = pod_manifest("pod-extra", TEMPLATE, template=True)
+        cluster.rest.create(f"/api/v1/namespaces/{NAMESPACE}/pods", extra)
+
+        def unschedulable() -> bool:
+            pod = cluster.rest.get(f"/api/v1/namespaces/{NAMESPACE}/pods/pod-extra")
+            assert not pod["spec"].get("nodeName"), "a pod beyond the capacity was bound"
+            return any(c["type"] == "PodScheduled" and c.get("reason") == "Unschedulable"
+                       for c in (pod.get("status") or {}).get("conditions") or ())  # fmt: skip
+
+        wait_until(unschedulable, timeout=60, what="the extra pod reported Unschedulable")
 
 
 @pytest.mark.cluster
