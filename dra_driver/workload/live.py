@@ -59,11 +59,6 @@ def _quantity(value: Any) -> Fraction:
     return parse(str(value)) if value not in (None, "") else Fraction(0)
 
 
-def boards_by_product() -> dict[str, str]:
-    """Product name as NVML reports it -> emulator board."""
-    return {m.product_name: name for name, m in load_models().items()}
-
-
 def _requests(pod: Obj) -> tuple[int, int]:
     cpu = memory = Fraction(0)
     for container in (pod.get("spec") or {}).get("containers") or ():

@@ -22,6 +22,7 @@ stand-in's figures cannot change an allocation rate. A live cluster's nodes
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -67,7 +68,10 @@ def mode_of(text: str) -> Mode:
     raise ValueError(f"mode {text!r} is unknown; known: {', '.join(MODES)}")
 
 
+@functools.cache
 def _models_yaml() -> dict[str, Any]:
+    """The emulator's boards, parsed once (``board_of`` runs per node shape and mode);
+    callers only read it."""
     text = resources.files("dra_driver.emulation").joinpath("profiles", "models.yaml")
     return dict(yaml.safe_load(text.read_text()))
 
