@@ -134,6 +134,8 @@ class Packer:
         self.mem_cap = [n.memory_mib for n in nodes]
         self.cpu_used = [0] * len(nodes)
         self.mem_used = [0] * len(nodes)
+        self.cpu_free = list(self.cpu_cap)
+        self.mem_free = list(self.mem_cap)
         self.cpu_scored = [0] * len(nodes)
         """CPU as the scorer counts it (a pod without a request counts 100m)."""
         self.mem_scored = [0] * len(nodes)
@@ -142,9 +144,11 @@ class Packer:
         self.max_free = [FULL if n.gpus else 0 for n in nodes]
         self.whole_free = [n.gpus for n in nodes]
         self.version = [0] * len(nodes)
-        self.touched = [0] * len(nodes)
-        """Bumped whenever a pod lands on the node (its CPU changes too)."""
-        self._increases: list[tuple[int, dict[Demand, float | None]]] = [(-1, {})] * len(nodes)
+        self._increases: list[dict[tuple[int, int, int, int], float | None]] = [{} for _ in nodes]
+        """Per node: the fragmentation increase by pod demand until a pod lands there."""
+        self._scores: list[dict[int, int]] = [{} for _ in nodes]
+        """Per node: the default profile's score by pod (CPU, memory) until a pod lands
+        there (the trace's pods fall in ~100 such classes; a plan scores ~600 nodes a pod)."""
         self.shapes = [(n.model, n.gpus) for n in nodes]
         self.holding: list[dict[str, tuple[object, ...]]] = [{} for _ in nodes]
         """Per node: device name -> what each allocation of it consumed (its state)."""
@@ -254,20 +258,21 @@ class Packer:
             key, claim, need = self._claim(pod)
         share = need.share if need is not None else None
         whole = need.whole if need is not None else 0
-        cpu_used, mem_used, cpu_cap, mem_cap = self.cpu_used, self.mem_used, self.cpu_cap, \
+        cpu_free, mem_free, cpu_cap, mem_cap = self.cpu_free, self.mem_free, self.cpu_cap, \
             self.mem_cap  # fmt: skip
         models, max_free, whole_free, version = self.models, self.max_free, \
             self.whole_free, self.version  # fmt: skip
-        total = len(self.nodes)
+        total, find, scores = len(self.nodes), self.find, self._scores
         cpu_scored, mem_scored, failed = self.cpu_scored, self.mem_scored, self._failed
+        cls = cpu_s << 32 | mem_s
         found: list[tuple[int, int]] = []
         best, ties = -1, []
-        visited = 0
-        order = (pinned,) if pinned is not None else chain(range(self.start, total),
-                                                            range(self.start))  # fmt: skip
+        start = self.start
+        last = -1
+        order = (pinned,) if pinned is not None else chain(range(start, total), range(start))
         for i in order:
-            visited += 1
-            if cpu_used[i] + cpu > cpu_cap[i] or mem_used[i] + mem > mem_cap[i]:
+            last = i
+            if cpu_free[i] < cpu or mem_free[i] < mem:
                 continue
             if need is not None:
                 if share:
@@ -278,22 +283,27 @@ class Packer:
                     continue
                 if failed and (i, key, version[i]) in failed:
                     continue
-            # LeastAllocated + BalancedAllocation, integers as the scheduler truncates
-            # each plugin's score; inlined: this loop is where a plan spends its time
-            c, m = cpu_cap[i], mem_cap[i]
-            cu, mu = cpu_scored[i] + cpu_s, mem_scored[i] + mem_s
-            fc, fm = cu / c, mu / m
-            spread = abs((fc if fc < 1 else 1.0) - (fm if fm < 1 else 1.0)) / 2
-            value = ((c - cu) * 100 // c + (m - mu) * 100 // m) // 2 + int((1 - spread) * 100)
+            cached = scores[i]
+            value = cached.get(cls)
+            if value is None:
+                # LeastAllocated + BalancedAllocation, integers as the scheduler truncates
+                # each plugin's score; inlined: this loop is where a plan spends its time
+                c, m = cpu_cap[i], mem_cap[i]
+                cu, mu = cpu_scored[i] + cpu_s, mem_scored[i] + mem_s
+                fc, fm = cu / c, mu / m
+                spread = abs((fc if fc < 1 else 1.0) - (fm if fm < 1 else 1.0)) / 2
+                value = ((c - cu) * 100 // c + (m - mu) * 100 // m) // 2 + int((1 - spread) * 100)
+                cached[cls] = value
             found.append((value, i))
             if value > best:
                 best, ties = value, [i]
             elif value == best:
                 ties.append(i)
-            if len(found) >= self.find:
+            if len(found) >= find:
                 break
-        if pinned is None:
-            self.start = (self.start + visited) % max(1, total)
+        if pinned is None and total:
+            visited = (last - start) % total + 1 if len(found) >= find else total
+            self.start = (start + visited) % total
         if not found:
             return False
         if self.scoring.scorer is not None and len(found) > 1:
@@ -310,18 +320,22 @@ class Packer:
         """``found`` with the fragmentation score added, and the best nodes."""
         scorer = self.scoring.scorer
         assert scorer is not None
+        cpu, mem, models = pod.cpu_milli, pod.memory_mib, self.models
+        demands: dict[str, Demand] = {}
         increases: list[float | None] = []
         for _, i in found:
-            demand = Demand(pod.cpu_milli, pod.memory_mib, whole, share.get(self.models[i], 0))
-            seen, known = self._increases[i]
-            if seen != self.touched[i]:
-                known = {}
-                self._increases[i] = (self.touched[i], known)
-            if demand not in known:
-                state = NodeState(tuple(self.free[i]), self.cpu_cap[i] - self.cpu_used[i],
-                                  self.mem_cap[i] - self.mem_used[i])  # fmt: skip
-                known[demand] = scorer.increase(state, demand)
-            increases.append(known[demand])
+            code = models[i]
+            demand_key = (cpu, mem, whole, share.get(code, 0))
+            known = self._increases[i]
+            if demand_key in known:
+                increases.append(known[demand_key])
+                continue
+            state = NodeState(tuple(self.free[i]), self.cpu_free[i], self.mem_free[i])
+            demand = demands.get(code)
+            if demand is None:
+                demand = demands[code] = Demand(cpu, mem, whole, share.get(code, 0))
+            value = known[demand_key] = scorer.increase(state, demand)
+            increases.append(value)
         factor = self.scoring.weight * (100 // MAX_PRIORITY)
         scored = [
             (v + factor * p, i) for (v, i), p in zip(found, priorities(increases), strict=True)
@@ -351,7 +365,10 @@ class Packer:
                 self._shared_node[claim_ref] = i
         self.cpu_used[i] += pod.cpu_milli
         self.mem_used[i] += pod.memory_mib
-        self.touched[i] += 1
+        self.cpu_free[i] -= pod.cpu_milli
+        self.mem_free[i] -= pod.memory_mib
+        self._scores[i] = {}
+        self._increases[i] = {}
         self.cpu_scored[i] += cpu_s
         self.mem_scored[i] += mem_s
         return True

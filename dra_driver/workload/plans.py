@@ -140,6 +140,85 @@ def _settings(published: Published, settings: PlanSettings) -> dict[str, Any]:
     return out
 
 
+GUESS_SHARE = 0.8
+"""Of the gap an overfull cluster's packing suggests (see :func:`_guess`), the share
+that lands within one step of the answer on the trace's five modes."""
+PACKED = 0.9
+"""The packing efficiency assumed when the cluster as it is places the list."""
+
+
+def _guess(listed: Sequence[TracePod], base: Outcome, capacity: int, step: float) -> float:
+    """Where the search for the GPUs needed starts. When the cluster as it is leaves more
+    than 1 % unplaced, the list needs about ``0.99 x requested / placed`` of it (packing
+    as well as it did there; less: a grown cluster packs a little better); when it places
+    the list, about the request over :data:`PACKED` of the capacity."""
+    requested = sum(p.gpu_request_milli for p in listed)
+    wanted = (1 - UNSCHEDULABLE_MAX) * requested
+    if sum(base.unschedulable.values()) > UNSCHEDULABLE_MAX * len(listed):
+        gap = wanted / max(1, base.placed_milli) - 1
+        return 1 + max(step, GUESS_SHARE * gap)
+    return min(1 - step, max(step, wanted / (PACKED * max(1, capacity))))
+
+
+def smallest_fitting(
+    fits: Callable[[float], tuple[bool, int]],
+    guess: float,
+    step: float,
+    top: float,
+    known: tuple[float, bool, int],
+) -> tuple[int | None, int]:
+    """The GPUs of the smallest factor that ``fits`` (to within ``step``), and how many
+    factors were tried; None when even ``top`` does not fit. ``known``: one factor's
+    answer already at hand (factor, fits, GPUs). Starts at ``guess`` and doubles its
+    step away from it until the answer is bracketed, then bisects: a good guess costs
+    two clusters, a poor one a few more, never precision. ``fits`` is taken as
+    monotone (a larger cluster places at least as much)."""
+    lo, gpus_hi = 0.0, 0
+    hi: float | None = None
+    """``lo``: the largest factor known to fail (0: no cluster is no fit); ``hi``: the
+    smallest known to fit."""
+    tried = 0
+
+    def probe(factor: float) -> bool:
+        nonlocal lo, hi, gpus_hi, tried
+        ok, gpus = fits(factor)
+        tried += 1
+        if ok and (hi is None or factor < hi):
+            hi, gpus_hi = factor, gpus
+        elif not ok:
+            lo = max(lo, factor)
+        return ok
+
+    factor, ok, gpus = known
+    if ok:
+        hi, gpus_hi = factor, gpus
+    else:
+        lo = factor
+    eps = step * 1e-6  # float sums: a bracket of exactly one step is narrow enough
+    guess = min(top, guess)
+    if lo < guess and (hi is None or guess < hi):
+        distance = step
+        if probe(guess):  # walk down from it, doubling, until one fails
+            while hi is not None and hi - distance > lo + eps and probe(hi - distance):
+                distance *= 2
+        else:  # walk up from it, doubling, until one fits
+            while hi is None or lo + distance < hi - eps:
+                if lo >= top:
+                    return None, tried
+                if probe(min(top, lo + distance)):
+                    break
+                distance *= 2
+    distance = step
+    while hi is None:  # the guess was not tried: grow until a cluster fits
+        if lo >= top:
+            return None, tried
+        probe(min(top, lo + distance))
+        distance *= 2
+    while hi - lo > step + eps:
+        probe((lo + hi) / 2)
+    return gpus_hi, tried
+
+
 def _gpus_needed(
     listed: Sequence[TracePod],
     nodes: Sequence[TraceNode],
@@ -151,7 +230,8 @@ def _gpus_needed(
     scoring: Scoring,
 ) -> tuple[int | None, int]:
     """GPUs of the smallest resized cluster placing ``listed`` with at most 1 %
-    unschedulable; None above ``settings.top``. Also how many clusters were packed."""
+    unschedulable; None above ``settings.top``. Also how many clusters were packed
+    (``base``: the cluster as it is, already packed)."""
     allowed = UNSCHEDULABLE_MAX * len(listed)
 
     def fits(factor: float) -> tuple[bool, int]:
@@ -164,31 +244,7 @@ def _gpus_needed(
             n.gpus for n in resized
         )
 
-    tried = 0
-    lo, hi = 0.0, 1.0
-    gpus_hi = sum(n.gpus for n in nodes)
-    if sum(base.unschedulable.values()) > allowed:
-        lo = 1.0
-        hi = 1.0
-        ok = False
-        while not ok:
-            lo, hi = hi, min(settings.top, hi * 1.25)
-            ok, gpus_hi = fits(hi)
-            tried += 1
-            if not ok and hi >= settings.top:
-                return None, tried
-    else:
-        lo = 0.5
-        ok, gpus_lo = fits(lo)
-        tried += 1
-        if ok:
-            lo, hi, gpus_hi = 0.0, lo, gpus_lo
-    while hi - lo > settings.step:
-        mid = (lo + hi) / 2
-        ok, gpus = fits(mid)
-        tried += 1
-        if ok:
-            hi, gpus_hi = mid, gpus
-        else:
-            lo = mid
-    return gpus_hi, tried
+    base_ok = sum(base.unschedulable.values()) <= allowed
+    guess = _guess(listed, base, gpu_capacity_milli(nodes), settings.step)
+    known = (1.0, base_ok, sum(n.gpus for n in nodes))
+    return smallest_fitting(fits, guess, settings.step, settings.top, known)
