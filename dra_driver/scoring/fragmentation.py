@@ -131,6 +131,8 @@ class Scorer:
         self._unusable: dict[tuple[int, ...], tuple[int, ...]] = {}
         self._increases: dict[tuple[NodeState, Demand], float | None] = {}
         """Most nodes keep their state from one pod to the next, and pods repeat."""
+        self._before: dict[NodeState, float] = {}
+        """A node's own fragmentation, the same for every demand scored on it."""
 
     def fragmentation(self, node: NodeState) -> float:
         """Expected free thousandths a workload pod could not use on ``node``."""
@@ -161,7 +163,16 @@ class Scorer:
         if key in self._increases:
             return self._increases[key]
         after = first_fit(node, demand)
-        value = None if after is None else self.fragmentation(after) - self.fragmentation(node)
+        if after is None:
+            value = None
+        else:
+            before = self._before.get(node)
+            if before is None:
+                before = self.fragmentation(node)
+                if len(self._before) >= CACHED:
+                    self._before.clear()
+                self._before[node] = before
+            value = self.fragmentation(after) - before
         if len(self._increases) >= CACHED:
             self._increases.clear()
         self._increases[key] = value

@@ -132,8 +132,6 @@ class Packer:
         self.models = [n.model for n in nodes]
         self.cpu_cap = [n.cpu_milli for n in nodes]
         self.mem_cap = [n.memory_mib for n in nodes]
-        self.cpu_used = [0] * len(nodes)
-        self.mem_used = [0] * len(nodes)
         self.cpu_free = list(self.cpu_cap)
         self.mem_free = list(self.mem_cap)
         self.cpu_scored = [0] * len(nodes)
@@ -144,8 +142,10 @@ class Packer:
         self.max_free = [FULL if n.gpus else 0 for n in nodes]
         self.whole_free = [n.gpus for n in nodes]
         self.version = [0] * len(nodes)
-        self._increases: list[dict[tuple[int, int, int, int], float | None]] = [{} for _ in nodes]
-        """Per node: the fragmentation increase by pod demand until a pod lands there."""
+        self._increases: list[dict[int, float | None]] = [{} for _ in nodes]
+        """Per node: the fragmentation increase by pod kind until a pod lands there."""
+        self._kinds: dict[tuple[object, ...], int] = {}
+        """A number for each pod demand (CPU, memory, GPUs per model) seen."""
         self._scores: list[dict[int, int]] = [{} for _ in nodes]
         """Per node: the default profile's score by pod (CPU, memory) until a pod lands
         there (the trace's pods fall in ~100 such classes; a plan scores ~600 nodes a pod)."""
@@ -166,6 +166,7 @@ class Packer:
         self.start = 0
         self._specs: dict[str, Claim] = {}
         self._needs: dict[str, Need] = {}
+        self._by_pod: dict[TracePod, tuple[str, Claim, Need]] = {}
         self._shared_node: dict[str, int] = {}
         """time-slicing: shared claim -> index of the node it was allocated on."""
         self.capacity_milli = FULL * sum(n.gpus for n in nodes)
@@ -189,12 +190,16 @@ class Packer:
         return Need(need, 0)
 
     def _claim(self, pod: TracePod) -> tuple[str, Claim, Need]:
+        known = self._by_pod.get(pod)  # a draw repeats the list's pods
+        if known is not None:
+            return known
         spec = self.claims.spec(pod)
         key = json.dumps(spec, sort_keys=True)
         if key not in self._specs:
             self._specs[key] = parse_claim_spec("plan", f"c{len(self._specs)}", spec)
             self._needs[key] = self._need(pod)
-        return key, self._specs[key], self._needs[key]
+        known = self._by_pod[pod] = (key, self._specs[key], self._needs[key])
+        return known
 
     def _allocate(self, i: int, key: str, claim: Claim) -> list[Choice] | None:
         """The claim's devices on node ``i``: an allocation attempt, or the answer an
@@ -320,21 +325,22 @@ class Packer:
         """``found`` with the fragmentation score added, and the best nodes."""
         scorer = self.scoring.scorer
         assert scorer is not None
-        cpu, mem, models = pod.cpu_milli, pod.memory_mib, self.models
+        cpu, mem, models, cached = pod.cpu_milli, pod.memory_mib, self.models, self._increases
+        kind = self._kinds.setdefault((cpu, mem, whole, tuple(sorted(share.items()))),
+                                      len(self._kinds))  # fmt: skip
         demands: dict[str, Demand] = {}
         increases: list[float | None] = []
         for _, i in found:
-            code = models[i]
-            demand_key = (cpu, mem, whole, share.get(code, 0))
-            known = self._increases[i]
-            if demand_key in known:
-                increases.append(known[demand_key])
+            known = cached[i]
+            if kind in known:
+                increases.append(known[kind])
                 continue
-            state = NodeState(tuple(self.free[i]), self.cpu_free[i], self.mem_free[i])
+            code = models[i]
             demand = demands.get(code)
             if demand is None:
                 demand = demands[code] = Demand(cpu, mem, whole, share.get(code, 0))
-            value = known[demand_key] = scorer.increase(state, demand)
+            state = NodeState(tuple(self.free[i]), self.cpu_free[i], self.mem_free[i])
+            value = known[kind] = scorer.increase(state, demand)
             increases.append(value)
         factor = self.scoring.weight * (100 // MAX_PRIORITY)
         scored = [
@@ -363,8 +369,6 @@ class Packer:
             self._commit(i, f"{key}#{self.attempts}", choices)
             if claim_ref:
                 self._shared_node[claim_ref] = i
-        self.cpu_used[i] += pod.cpu_milli
-        self.mem_used[i] += pod.memory_mib
         self.cpu_free[i] -= pod.cpu_milli
         self.mem_free[i] -= pod.memory_mib
         self._scores[i] = {}

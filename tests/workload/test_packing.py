@@ -24,7 +24,7 @@ def test_a_node_scores_anew_once_a_pod_lands_so_equal_pods_spread(tmp_path: Path
     packer = Packer(nodes, published, _classes(), SelectorEvaluator())  # type: ignore[arg-type]
     for k, pod in enumerate(pods, 1):
         assert packer.place(pod)
-        assert sorted(packer.cpu_used) == [4000 * (k // 2), 4000 * (k - k // 2)]
+        assert sorted(packer.cpu_free) == [64000 - 4000 * (k - k // 2), 64000 - 4000 * (k // 2)]
 
 
 def _threshold(at: float, calls: list[float]):  # type: ignore[no-untyped-def]
