@@ -175,7 +175,7 @@ def smallest_fitting(
     monotone (a larger cluster places at least as much)."""
     lo, gpus_hi = 0.0, 0
     hi: float | None = None
-    """``lo``: the largest factor known to fail (0: no cluster is no fit); ``hi``: the
+    """``lo``: the largest factor known to fail (0: an empty cluster never fits); ``hi``: the
     smallest known to fit."""
     tried = 0
 
