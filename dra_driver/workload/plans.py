@@ -147,14 +147,17 @@ PACKED = 0.9
 """The packing efficiency assumed when the cluster as it is places the list."""
 
 
-def _guess(listed: Sequence[TracePod], base: Outcome, capacity: int, step: float) -> float:
+def _guess(
+    listed: Sequence[TracePod], base: Outcome, base_ok: bool, capacity: int, step: float
+) -> float:
     """Where the search for the GPUs needed starts. When the cluster as it is leaves more
-    than 1 % unplaced, the list needs about ``0.99 x requested / placed`` of it (packing
-    as well as it did there; less: a grown cluster packs a little better); when it places
-    the list, about the request over :data:`PACKED` of the capacity."""
+    than 1 % unplaced (not ``base_ok``), the list needs about ``0.99 x requested /
+    placed`` of it (packing as well as it did there; less: a grown cluster packs a little
+    better); when it places the list, about the request over :data:`PACKED` of the
+    capacity."""
     requested = sum(p.gpu_request_milli for p in listed)
     wanted = (1 - UNSCHEDULABLE_MAX) * requested
-    if sum(base.unschedulable.values()) > UNSCHEDULABLE_MAX * len(listed):
+    if not base_ok:
         gap = wanted / max(1, base.placed_milli) - 1
         return 1 + max(step, GUESS_SHARE * gap)
     return min(1 - step, max(step, wanted / (PACKED * max(1, capacity))))
@@ -195,25 +198,30 @@ def smallest_fitting(
     else:
         lo = factor
     eps = step * 1e-6  # float sums: a bracket of exactly one step is narrow enough
+
+    def walk_up() -> bool:
+        """Up from ``lo``, doubling, until a cluster fits or the next step would reach
+        the smallest known to fit; False when even ``top`` fails."""
+        distance = step
+        while hi is None or lo + distance < hi - eps:
+            if lo >= top:
+                return False
+            if probe(min(top, lo + distance)):
+                break
+            distance *= 2
+        return True
+
     guess = min(top, guess)
     if lo < guess and (hi is None or guess < hi):
-        distance = step
         if probe(guess):  # walk down from it, doubling, until one fails
+            distance = step
             while hi is not None and hi - distance > lo + eps and probe(hi - distance):
                 distance *= 2
-        else:  # walk up from it, doubling, until one fits
-            while hi is None or lo + distance < hi - eps:
-                if lo >= top:
-                    return None, tried
-                if probe(min(top, lo + distance)):
-                    break
-                distance *= 2
-    distance = step
-    while hi is None:  # the guess was not tried: grow until a cluster fits
-        if lo >= top:
+        elif not walk_up():
             return None, tried
-        probe(min(top, lo + distance))
-        distance *= 2
+    if hi is None and not walk_up():  # the guess was not tried
+        return None, tried
+    assert hi is not None
     while hi - lo > step + eps:
         probe((lo + hi) / 2)
     return gpus_hi, tried
@@ -245,6 +253,6 @@ def _gpus_needed(
         )
 
     base_ok = sum(base.unschedulable.values()) <= allowed
-    guess = _guess(listed, base, gpu_capacity_milli(nodes), settings.step)
+    guess = _guess(listed, base, base_ok, gpu_capacity_milli(nodes), settings.step)
     known = (1.0, base_ok, sum(n.gpus for n in nodes))
     return smallest_fitting(fits, guess, settings.step, settings.top, known)
