@@ -7,13 +7,14 @@ stock scheduler's scoring, on the slices the driver publishes (docs/trace-replay
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import os
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -162,26 +163,18 @@ def _plan_one(
 
 
 def _in_processes(
-    jobs: int,
-    modes: Sequence[Mode],
-    nodes: Sequence[TraceNode],
-    pods: Sequence[TracePod],
-    deviceclasses: Path,
-    settings: PlanSettings,
-    work: Path,
-    listed: Sequence[TracePod] | None,
+    jobs: int, modes: Sequence[Mode], plan: Callable[[Mode], dict[str, Any] | str]
 ) -> list[dict[str, Any] | str]:
-    """The modes in ``jobs`` worker processes: each mode is independent and pure Python,
-    so processes, not threads, are what runs them at once (spawned: the parent may hold
-    a kubernetes client's threads)."""
+    """``plan`` of each mode in ``jobs`` worker processes: each mode is independent and
+    pure Python, so processes, not threads, are what runs them at once (spawned: the
+    parent may hold a kubernetes client's threads; ``plan`` is a partial of
+    :func:`_plan_one`, which pickles)."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
     context = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
-        futures = {m: pool.submit(_plan_one, m, nodes, pods, deviceclasses, settings, work,
-                                  listed)
-                   for m in sorted(modes, key=lambda m: -COST.get(m, 0))}  # fmt: skip
+        futures = {m: pool.submit(plan, m) for m in sorted(modes, key=lambda m: -COST.get(m, 0))}
         return [futures[m].result() for m in modes]
 
 
@@ -235,12 +228,10 @@ def run(args: argparse.Namespace) -> int:
     jobs = min(len(modes), args.jobs or os.cpu_count() or 1)
     rows = []
     with tempfile.TemporaryDirectory(prefix="dra-plan-") as work:
-        if jobs == 1:
-            results = [_plan_one(m, nodes, pods, args.deviceclasses, settings, Path(work), listed)
-                       for m in modes]  # fmt: skip
-        else:
-            results = _in_processes(jobs, modes, nodes, pods, args.deviceclasses, settings,
-                                    Path(work), listed)  # fmt: skip
+        plan = functools.partial(_plan_one, nodes=nodes, pods=pods,
+                                 deviceclasses=args.deviceclasses, settings=settings,
+                                 work=Path(work), listed=listed)  # fmt: skip
+        results = [plan(m) for m in modes] if jobs == 1 else _in_processes(jobs, modes, plan)
         for mode, row in zip(modes, results, strict=True):
             if isinstance(row, str):
                 print(f"dra-driver plan: mode {mode}: {row}", file=sys.stderr)
