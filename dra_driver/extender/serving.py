@@ -13,13 +13,12 @@ from __future__ import annotations
 import http.server
 import json
 import logging
-import socketserver
-import threading
 import time
 from typing import Any
 
 from dra_driver.extender.prioritizing import BadArgs, prioritize
 from dra_driver.extender.view import ClusterView
+from dra_driver.plugin.httpthread import BackgroundHTTPServer
 
 MAX_BODY = 64 << 20
 """Largest request accepted (a NodeList of thousands of nodes, without node caching)."""
@@ -35,25 +34,18 @@ class ExtenderServer:
         """``port`` 0 picks a free one (:attr:`port`); ``host`` "" binds all addresses."""
         self.view = view
         self._log = logger
-        self._server = _Server((host, port), self._handler_class())
-        self._thread: threading.Thread | None = None
+        self._http = BackgroundHTTPServer(host, port, self._handler_class(), "extender-http")
 
     @property
     def port(self) -> int:
-        return int(self._server.server_address[1])
+        return self._http.port
 
     def start(self) -> None:
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, name="extender-http", daemon=True
-        )
-        self._thread.start()
+        self._http.start()
         self._log.info("scoring extender listening", extra={"port": self.port})
 
     def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
+        self._http.stop()
 
     def respond(self, method: str, path: str, body: bytes) -> tuple[int, Any]:
         """Status and JSON answer for one request."""
@@ -123,12 +115,3 @@ class ExtenderServer:
                 server._log.debug("extender http: " + format, *args)
 
         return Handler
-
-
-class _Server(http.server.ThreadingHTTPServer):
-    daemon_threads = True
-
-    def server_bind(self) -> None:
-        # HTTPServer.server_bind resolves this host's FQDN (a DNS lookup, slow in a pod).
-        socketserver.TCPServer.server_bind(self)
-        self.server_name, self.server_port = "", int(self.server_address[1])

@@ -22,10 +22,10 @@ from __future__ import annotations
 import http.server
 import json
 import logging
-import socketserver
-import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
+
+from dra_driver.plugin.httpthread import BackgroundHTTPServer
 
 if TYPE_CHECKING:
     from dra_driver.plugin.backend import DeviceHealth
@@ -62,8 +62,7 @@ class HealthServer:
         self._readiness = readiness
         self._metrics = metrics
         self._log = logger
-        self._server = _Server((host, port), self._handler_class())
-        self._thread: threading.Thread | None = None
+        self._http = BackgroundHTTPServer(host, port, self._handler_class(), "healthz")
 
     def serve_metrics(self, metrics: Callable[[], tuple[bytes, str]]) -> None:
         """Serve ``/metrics`` from now on (it answered 404 until then)."""
@@ -71,20 +70,14 @@ class HealthServer:
 
     @property
     def port(self) -> int:
-        return int(self._server.server_address[1])
+        return self._http.port
 
     def start(self) -> None:
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, name="healthz", daemon=True
-        )
-        self._thread.start()
+        self._http.start()
         self._log.info("health endpoint listening", extra={"port": self.port})
 
     def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
+        self._http.stop()
 
     def answer(self, path: str) -> tuple[int, dict[str, Any]]:
         """Status code and JSON body for ``path``; what the handler sends."""
@@ -167,11 +160,3 @@ class HealthServer:
 
 
 _CONNECTION_TIMEOUT_S = 10.0
-
-
-class _Server(http.server.ThreadingHTTPServer):
-    def server_bind(self) -> None:
-        # HTTPServer.server_bind also resolves this host's FQDN, a DNS lookup that can
-        # take seconds in a pod, for a name nothing here uses.
-        socketserver.TCPServer.server_bind(self)
-        self.server_name, self.server_port = "", int(self.server_address[1])
