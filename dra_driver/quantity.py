@@ -19,10 +19,13 @@ digits). Smaller exponents than that are exact (they round up to 1n alike).
 
 from __future__ import annotations
 
+import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
 from functools import lru_cache
+from typing import Any
 
 MAX_DIGITS = 40
 """Characters of the number before its suffix, sign and decimal point included."""
@@ -147,3 +150,15 @@ def is_quantity(text: str) -> bool:
 def from_canonical(canonical: str) -> Quantity:
     """Inverse of :attr:`Quantity.canonical` (engines store the canonical form)."""
     return Quantity(Fraction(canonical))
+
+
+def pod_requests(pod: Mapping[str, Any]) -> tuple[int, int]:
+    """CPU (milli) and memory (MiB), each rounded up, that a Pod object's containers
+    request; a missing or empty request counts 0. One reading for ``plan
+    --from-cluster`` and the scoring extender, which both count pods against nodes."""
+    cpu = memory = Fraction(0)
+    for container in (pod.get("spec") or {}).get("containers") or ():
+        requests = (container.get("resources") or {}).get("requests") or {}
+        cpu += parse(str(requests.get("cpu") or 0))
+        memory += parse(str(requests.get("memory") or 0))
+    return math.ceil(cpu * 1000), math.ceil(memory / 2**20)

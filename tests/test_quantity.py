@@ -16,6 +16,7 @@ from dra_driver.quantity import (
     from_canonical,
     parse,
     parse_quantity,
+    pod_requests,
 )
 
 
@@ -92,3 +93,16 @@ def test_canonical_form_round_trips_and_keeps_the_spelling_for_messages() -> Non
     assert str(Quantity(Fraction(1, 3))) == "1/3"
     assert q.add(parse_quantity("512Mi")) == parse_quantity("2Gi")
     assert q.sub(1).compare(q) == -1 and q.sign() == 1
+
+
+def test_a_pods_requests_sum_its_containers_rounded_up_and_missing_ones_count_zero() -> None:
+    pod = {"spec": {"containers": [
+        {"resources": {"requests": {"cpu": "500m", "memory": "1Gi"}}},
+        {"resources": {"requests": {"cpu": "1.0001", "memory": "512Mi", "nvidia.com/x": "1"}}},
+        {"resources": {"requests": {"cpu": "", "memory": None}}},
+        {"name": "no-resources"},
+    ]}}  # fmt: skip
+    assert pod_requests(pod) == (1501, 1536)
+    assert pod_requests({"spec": {"containers": [{"resources": {"requests": {"memory": "1"}}}]}}) \
+        == (0, 1)  # fmt: skip
+    assert pod_requests({}) == (0, 0)

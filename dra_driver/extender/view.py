@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
-from dra_driver.quantity import parse
+from dra_driver.quantity import parse, pod_requests
 from dra_driver.scoring.fragmentation import FULL, Demand, NodeState, Scorer, Workload
 
 Obj = Mapping[str, Any]
@@ -44,16 +44,6 @@ class Gpu:
     pool: str
     name: str
     capacity: Mapping[str, Fraction]
-
-
-def _requests(pod: Obj) -> tuple[int, int]:
-    """CPU (milli) and memory (MiB) the pod's containers request."""
-    cpu, mem = Fraction(0), Fraction(0)
-    for c in (pod.get("spec") or {}).get("containers") or []:
-        req = (c.get("resources") or {}).get("requests") or {}
-        cpu += parse(req.get("cpu", "0"))
-        mem += parse(req.get("memory", "0"))
-    return math.ceil(cpu * 1000), math.ceil(mem / (1 << 20))
 
 
 def _key(obj: Obj) -> str:
@@ -143,7 +133,7 @@ class ClusterView:
         phase = (obj.get("status") or {}).get("phase")
         if gone or not node or phase in ("Succeeded", "Failed"):
             return
-        cpu, mem = _requests(obj)
+        cpu, mem = pod_requests(obj)
         self._pods[key] = (node, cpu, mem)
         used = self._host_used.setdefault(node, [0, 0])
         used[0] += cpu
@@ -235,7 +225,7 @@ class ClusterView:
     def pod_request(self, pod: Obj) -> tuple[int, int, Obj | None]:
         """``pod``'s CPU (milli), memory (MiB) and its claim's first device request
         (None: no claim known here)."""
-        cpu, mem = _requests(pod)
+        cpu, mem = pod_requests(pod)
         return cpu, mem, self._first_request(pod)
 
     def _first_request(self, pod: Obj) -> Obj | None:

@@ -31,7 +31,7 @@ from fractions import Fraction
 from typing import Any
 
 from dra_driver.emulation.profile import load_models
-from dra_driver.quantity import parse
+from dra_driver.quantity import parse, pod_requests
 from dra_driver.workload.trace import TraceNode, TracePod
 
 DRIVER = "gpu.nvidia.com"
@@ -57,15 +57,6 @@ def _attr(device: Obj, name: str) -> Any:
 
 def _quantity(value: Any) -> Fraction:
     return parse(str(value)) if value not in (None, "") else Fraction(0)
-
-
-def _requests(pod: Obj) -> tuple[int, int]:
-    cpu = memory = Fraction(0)
-    for container in (pod.get("spec") or {}).get("containers") or ():
-        requests = (container.get("resources") or {}).get("requests") or {}
-        cpu += _quantity(requests.get("cpu"))
-        memory += _quantity(requests.get("memory"))
-    return math.ceil(cpu * 1000), math.ceil(memory / MIB)
 
 
 class _Devices:
@@ -170,7 +161,7 @@ def live_workload(
         if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
             continue
         ns, name = str(pod["metadata"].get("namespace", "")), str(pod["metadata"]["name"])
-        cpu, memory = _requests(pod)
+        cpu, memory = pod_requests(pod)
         per_gpu: dict[str, int] = {}
         models_held: set[str] = set()
         own: list[tuple[str, str]] = []
