@@ -26,16 +26,11 @@ def usage_needs(args: argparse.Namespace) -> dict[tuple[str, str], float]:
     from dra_driver.rightsizing import analyse
 
     try:
-        if args.prometheus:
-            records = report.query_prometheus(args.prometheus, args.window, 60)
-        elif args.scrape:
-            records = report.scrape(args.scrape, args.duration, 15)
-        elif args.recorded:
-            records = report.read_recorded(args.recorded)
-        else:
-            return {}
+        records = report.read_sources(args, step=60, interval=15)
     except report.ReportError as exc:
         raise LiveError(str(exc)) from exc
+    if records is None:
+        return {}
     needs: dict[tuple[str, str], float] = {}
     for f in analyse(report.windows(records), headroom=args.headroom):
         memory = f.memory_peak_bytes / f.memory_allocated_bytes if f.memory_allocated_bytes else 1

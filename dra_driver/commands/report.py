@@ -55,6 +55,18 @@ def add_sources(
     parser.add_argument("--window", type=float, default=3600, help="seconds back (--prometheus)")
 
 
+def read_sources(args: argparse.Namespace, *, step: float, interval: float) -> list[Record] | None:
+    """The records of the source :func:`add_sources` parsed (Prometheus queried at
+    ``step``, plugins scraped every ``interval``); None when no source was given."""
+    if args.prometheus:
+        return query_prometheus(args.prometheus, args.window, step)
+    if args.scrape:
+        return scrape(args.scrape, args.duration, interval)
+    if args.recorded:
+        return read_recorded(args.recorded)
+    return None
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_sources(parser, required=True)
     parser.add_argument("--step", type=float, default=60, help="query step seconds (--prometheus)")
@@ -218,14 +230,9 @@ def run(args: argparse.Namespace) -> int:
     from dra_driver.rightsizing import analyse
 
     try:
-        if args.prometheus:
-            records = query_prometheus(args.prometheus, args.window, args.step)
-        elif args.scrape:
-            records = scrape(args.scrape, args.duration, args.interval)
-            if args.record:
-                write_recorded(args.record, records)
-        else:
-            records = read_recorded(args.recorded)
+        records = read_sources(args, step=args.step, interval=args.interval) or []
+        if args.scrape and args.record:
+            write_recorded(args.record, records)
     except ReportError as exc:
         print(f"dra-driver report: {exc}", file=sys.stderr)
         return 1
