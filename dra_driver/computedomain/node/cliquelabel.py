@@ -17,19 +17,17 @@ owns the label) turns the whole thing off, and the admission policy then refuses
 from __future__ import annotations
 
 import logging
-import os
-import re
 from pathlib import Path
 
 from dra_driver.computedomain.node.kubeapi import NodeLabel
 from dra_driver.errors import DriverError
+from dra_driver.gpu.host.files import write_atomic
+from dra_driver.plugin.k8snames import is_label_value
 
 logger = logging.getLogger(__name__)
 
 RECORD_NAME = "clique-label"
 """File in the plugin's state dir: the clique value this plugin last set on its node."""
-_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
-_VALUE_MAX = 63
 
 
 class CliqueLabelError(DriverError):
@@ -37,7 +35,7 @@ class CliqueLabelError(DriverError):
 
 
 def _check(value: str, where: str) -> str:
-    if len(value) > _VALUE_MAX or not _VALUE.match(value):
+    if not is_label_value(value):
         raise CliqueLabelError(f"{where}: {value!r} is not a valid label value")
     return value
 
@@ -56,18 +54,12 @@ class CliqueNodeLabel:
             return None
         return _check(text, str(self._record)) or None
 
-    def _write_record(self, value: str) -> None:
-        tmp = self._record.with_name(RECORD_NAME + ".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(value + "\n")
-        tmp.replace(self._record)
-
     def sync(self, clique_id: str) -> None:
         """Set the label to ``clique_id``; "" (no clique): remove the value we set."""
         if clique_id:
             _check(clique_id, "clique id")
-            self._write_record(clique_id)  # first: a crash after the patch still knows it
+            # first: a crash after the patch still knows it
+            write_atomic(self._record, f"{clique_id}\n".encode(), mode=0o600)
             self._label.claim(clique_id, set())
             logger.info("node clique label set", extra={"clique": clique_id})
             return
