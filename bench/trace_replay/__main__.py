@@ -19,9 +19,10 @@ import tempfile
 from pathlib import Path
 
 from bench.fleet.run import CLIENT_BURST, CLIENT_QPS
-from bench.trace_replay.extending import ExtenderProcess, free_port, with_extender
+from bench.trace_replay.extending import ExtenderProcess, with_extender
 from bench.trace_replay.replaying import ReplaySettings, replay
 from dra_driver.devcluster import BinariesError, Cluster, ClusterOptions, find_binaries
+from dra_driver.devcluster.processes import free_loopback_ports
 from dra_driver.devcluster.schedconfig import DEFAULT_SCHEDULER, read_scheduler_config
 from dra_driver.workload.drawing import scale_nodes
 from dra_driver.workload.modes import MODES, mode_of
@@ -111,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         if args.extender_weight is not None and args.extender_weight < 1:
             raise ValueError(f"--extender-weight {args.extender_weight}: want at least 1")
-        port = free_port() if args.extender else 0
+        port = free_loopback_ports(1)[0] if args.extender else 0
         if args.extender:
             sched = with_extender(sched, port, args.extender_weight)
         binaries = find_binaries()

@@ -8,7 +8,6 @@ from __future__ import annotations
 import copy
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -30,12 +29,6 @@ EXTENDER_FILE = (
     Path(__file__).resolve().parents[2] / "deploy" / "scheduler" / "scoring-extender.yaml"
 )
 REPO = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def with_extender(

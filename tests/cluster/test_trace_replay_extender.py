@@ -15,9 +15,10 @@ from pathlib import Path
 import pytest
 
 from bench.fleet.run import CLIENT_BURST, CLIENT_QPS
-from bench.trace_replay.extending import ExtenderProcess, free_port, with_extender
+from bench.trace_replay.extending import ExtenderProcess, with_extender
 from bench.trace_replay.replaying import NAMESPACE, Replay, ReplaySettings, replay
 from dra_driver.devcluster import BinariesError, Cluster, ClusterOptions, find_binaries
+from dra_driver.devcluster.processes import free_loopback_ports
 from dra_driver.workload.drawing import scale_nodes
 from dra_driver.workload.trace import NODES_FILE, PODS_FILE, read_nodes, read_pods
 from tests.trace_replay.test_trace_files import trace_dir
@@ -43,7 +44,7 @@ def _replay(extender: bool, during: Callable[[Cluster, ExtenderProcess], None] |
         pytest.fail(f"control-plane binaries unavailable: {err}", pytrace=False)
     nodes = scale_nodes(read_nodes(trace_dir() / NODES_FILE), 1 / SUBSET)
     pods = read_pods(trace_dir() / PODS_FILE)
-    port = free_port()
+    port = free_loopback_ports(1)[0]
     sched = with_extender(None, port) if extender else None
     options = ClusterOptions(client_qps=CLIENT_QPS, client_burst=CLIENT_BURST,
                              scheduler_config=sched)  # fmt: skip
